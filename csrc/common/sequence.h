@@ -1,0 +1,70 @@
+// Where sequence b lives in the tensors, for fixed-length and varlen batches alike.
+// Every length is clamped to the bounds the caller declared (total_q/total_k, the maximum
+// lengths), so a kernel that uses these numbers never reads or writes out of bounds even
+// when device-resident cu_seqlens/seqused_k are inconsistent; the CPU backend validates
+// them strictly beforehand, so there the clamps never change anything.
+#pragma once
+
+#include <stdint.h>
+
+#include "fmha/fmha.h"
+#include "macros.h"
+
+namespace fmha {
+
+struct Sequence {
+  int64_t q_row0;  // first row of this sequence in q/out (0 in fixed-length mode)
+  int64_t k_row0;  // first row in k/v
+  int32_t len_q;   // queries of this sequence
+  int32_t len_k;   // keys it attends to (seqused_k applied)
+  int32_t k_rows;  // rows of k/v the sequence owns (>= len_k; the rest only get zero gradients)
+  int32_t batch;   // b, used for batch strides in fixed-length mode
+  bool varlen;
+
+  FMHA_HOST_DEVICE static int32_t clamp(int64_t x, int64_t lo, int64_t hi) {
+    return (int32_t)(x < lo ? lo : x > hi ? hi : x);
+  }
+
+  FMHA_HOST_DEVICE static Sequence get(const fmha_problem& p, int32_t b) {
+    Sequence s;
+    s.batch = b;
+    s.varlen = p.cu_seqlens_q != nullptr;
+    if (s.varlen) {
+      const int32_t q0 = clamp(p.cu_seqlens_q[b], 0, p.total_q);
+      const int32_t q1 = clamp(p.cu_seqlens_q[b + 1], q0, p.total_q);
+      const int32_t k0 = clamp(p.cu_seqlens_k[b], 0, p.total_k);
+      const int32_t k1 = clamp(p.cu_seqlens_k[b + 1], k0, p.total_k);
+      s.q_row0 = q0;
+      s.k_row0 = k0;
+      s.len_q = clamp(q1 - q0, 0, p.seqlen_q);
+      s.k_rows = k1 - k0;
+      s.len_k = clamp(s.k_rows, 0, p.seqlen_k);
+    } else {
+      s.q_row0 = 0;
+      s.k_row0 = 0;
+      s.len_q = p.seqlen_q;
+      s.k_rows = p.seqlen_k;
+      s.len_k = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) s.len_k = clamp(p.seqused_k[b], 0, s.len_k);
+    return s;
+  }
+
+  // Element offset of (row i of this sequence, head h) in t (q-side or k-side rows).
+  FMHA_HOST_DEVICE int64_t q_offset(const fmha_tensor& t, int64_t i, int32_t h) const {
+    return (varlen ? 0 : (int64_t)batch * t.batch_stride) + (q_row0 + i) * t.row_stride +
+           (int64_t)h * t.head_stride;
+  }
+  FMHA_HOST_DEVICE int64_t k_offset(const fmha_tensor& t, int64_t j, int32_t h) const {
+    return (varlen ? 0 : (int64_t)batch * t.batch_stride) + (k_row0 + j) * t.row_stride +
+           (int64_t)h * t.head_stride;
+  }
+  // Index of LSE (and of other per-row fp32 arrays of the same layout) for row i, head h:
+  // (B, Hq, Sq) fixed length, (Hq, total_q) varlen.
+  FMHA_HOST_DEVICE int64_t lse_index(const fmha_problem& p, int64_t i, int32_t h) const {
+    return varlen ? (int64_t)h * p.total_q + q_row0 + i
+                  : ((int64_t)batch * p.num_heads_q + h) * p.seqlen_q + i;
+  }
+};
+
+}  // namespace fmha

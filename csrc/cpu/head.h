@@ -1,0 +1,101 @@
+// What the CPU forward and backward share for one (sequence, query head): the sequence's
+// bounds, mask geometry, score transform, ALiBi slope and dropout, all from csrc/common/.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "../common/dropout.h"
+#include "../common/mask.h"
+#include "../common/sequence.h"
+#include "../common/softmax.h"
+#include "convert.h"
+#include "fmha/fmha.h"
+
+namespace fmha {
+namespace cpu {
+
+// Rows per work item, and keys per online-softmax step.
+constexpr int kRowBlock = 32;
+constexpr int kKeyBlock = 64;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Dot product with eight independent partial sums, which the compiler vectorizes without
+// -ffast-math; the summation order is fixed, so results do not depend on threads.
+inline float dot(const float* a, const float* b, int n) {
+  float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int u = 0; u < 8; ++u) s[u] += a[d + u] * b[d + u];
+  float tail = 0.f;
+  for (; d < n; ++d) tail += a[d] * b[d];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int n) {
+  for (int d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+struct Head {
+  const fmha_problem& p;
+  Sequence seq;
+  MaskGeometry geom;
+  ScoreParams score;
+  DropoutParams drop;
+  bool dropout;
+  float slope;  // ALiBi slope, 0 without ALiBi
+  uint32_t bh;  // b * Hq + h, the dropout stream of this head
+  int32_t h, hk;
+
+  Head(const fmha_problem& prob, int32_t b, int32_t h_q)
+      : p(prob),
+        seq(Sequence::get(prob, b)),
+        geom(MaskGeometry::make(seq.len_q, seq.len_k, prob.window_left, prob.window_right,
+                                prob.mask_align == FMHA_ALIGN_TOP_LEFT)),
+        score(ScoreParams::make(prob.scale, prob.softcap)),
+        drop(DropoutParams::make(prob.dropout_p, prob.seed, prob.offset)),
+        dropout(prob.dropout_p > 0.f),
+        slope(prob.alibi_slopes ? prob.alibi_slopes[(int64_t)b * prob.alibi_batch_stride + h_q] : 0.f),
+        bh((uint32_t)b * (uint32_t)prob.num_heads_q + (uint32_t)h_q),
+        h(h_q),
+        hk(h_q / (prob.num_heads_q / prob.num_heads_k)) {}
+
+  // Visible keys of row i: [key_begin(i), key_end(i)), contiguous because the mask is a band.
+  int32_t key_begin(int32_t i) const { return geom.key_begin(i); }
+  int32_t key_end(int32_t i) const { return geom.key_end(i + 1); }
+
+  // Score (natural units, ALiBi included) of visible (i, j) from the raw dot product; *capped
+  // receives the score before ALiBi, which the softcap gradient needs.
+  float scores(float qk, int32_t i, int32_t j, float* capped) const {
+    const float s = score.apply(qk);
+    *capped = s;
+    return slope != 0.f ? s - slope * geom.alibi_distance(i, j) : s;
+  }
+
+  // Dropout multiplier of (i, j): 0 if dropped, 1 / (1 - p) if kept, 1 without dropout.
+  float dropout_factor(int32_t i, int32_t j) const {
+    if (!dropout) return 1.f;
+    return drop.keep(bh, i, j) ? drop.scale : 0.f;
+  }
+
+  // Loads rows [j0, j1) of head hk of a key-side tensor into dst (fp32, (j1 - j0) x D).
+  void load_keys(const fmha_tensor& t, int32_t j0, int32_t j1, std::vector<float>& dst) const {
+    const int D = p.head_dim;
+    dst.resize((size_t)(j1 - j0) * D);
+    for (int32_t j = j0; j < j1; ++j) load_row(p.dtype, t.data, seq.k_offset(t, j, hk), D, &dst[(size_t)(j - j0) * D]);
+  }
+};
+
+// Varlen rows of the packed q (or k) that belong to no sequence: [0, cu[0]) and [cu[B], total).
+// Outputs there are written too (zeros, LSE -inf), so every output element is defined.
+inline std::vector<int32_t> rows_outside_sequences(const int32_t* cu, int32_t batch, int32_t total) {
+  std::vector<int32_t> rows;
+  for (int32_t r = 0; r < cu[0] && r < total; ++r) rows.push_back(r);
+  for (int32_t r = cu[batch]; r < total; ++r) rows.push_back(r);
+  return rows;
+}
+
+}  // namespace cpu
+}  // namespace fmha

@@ -1,0 +1,205 @@
+/*
+ * fmha — fast, memory-efficient, exact attention.  The public C API.
+ *
+ * This header is the whole surface a C or C++ consumer sees.  It needs no torch and no
+ * CUDA/HIP header: device memory is passed as void*, streams as void* (cudaStream_t or
+ * hipStream_t), and every entry point returns a status code with a message from
+ * fmha_last_error().
+ *
+ * Conventions
+ *  - Tensors are described by fmha_tensor: a pointer plus int64 strides, counted in
+ *    elements, for batch, row (sequence position) and head.  The last dimension (head_dim)
+ *    is always contiguous.
+ *  - Fixed-length layout: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D).  Variable-length
+ *    ("varlen") layout: q (total_q, Hq, D), k and v (total_k, Hk, D), with int32
+ *    cu_seqlens_q / cu_seqlens_k of B + 1 offsets; batch_stride is then ignored.
+ *  - Hq must be a multiple of Hk (multi-query and grouped-query attention): query head h
+ *    reads key/value head h / (Hq / Hk).
+ *  - Key j is visible to query i iff  i + off - window_left <= j <= i + off + window_right,
+ *    off = Sk - Sq (FMHA_ALIGN_BOTTOM_RIGHT, the flash_attn convention) or 0
+ *    (FMHA_ALIGN_TOP_LEFT, torch's is_causal); -1 means unbounded; causal is
+ *    window_right = 0.  Lengths are per sequence (varlen and seqused_k included).
+ *  - Scores are s = scale * q.k; with softcap c > 0, s = c * tanh(s / c); with ALiBi,
+ *    s -= slope[b, h] * |i + off - j|.
+ *  - A query row that sees no key gets output 0 and LSE -inf; its gradients are 0.
+ *  - LSE is the natural-log log-sum-exp of the scores, fp32, (B, Hq, Sq) contiguous for
+ *    fixed length and (Hq, total_q) contiguous for varlen.
+ *  - Dropout keeps each probability with probability 1 - dropout_p and scales kept values
+ *    by 1 / (1 - dropout_p).  Element (b, h, i, j) is kept or dropped by a pure function of
+ *    (seed, offset, b, h, i, j) built on Philox4x32-10 (docs/dropout.md), identical on
+ *    every backend.
+ *  - The library never synchronizes a stream and never allocates device memory: the
+ *    backward pass asks for its workspace with fmha_bwd_workspace_size().
+ *  - GPU launches go to the calling thread's current device; the stream must belong to it.
+ *    Metadata in device memory (cu_seqlens, seqused_k) is not read on the host: GPU kernels
+ *    clamp every length to the tensor bounds they were given instead.  The CPU backend
+ *    reads it and rejects inconsistent values.
+ */
+#ifndef FMHA_FMHA_H_
+#define FMHA_FMHA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(FMHA_BUILDING_LIBRARY)
+#    define FMHA_API __declspec(dllexport)
+#  else
+#    define FMHA_API __declspec(dllimport)
+#  endif
+#else
+#  define FMHA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FMHA_VERSION_MAJOR 0
+#define FMHA_VERSION_MINOR 1
+#define FMHA_VERSION_PATCH 0
+
+/* Largest head dimension any backend accepts. */
+#define FMHA_MAX_HEAD_DIM 256
+
+typedef enum fmha_status {
+  FMHA_SUCCESS = 0,
+  FMHA_ERROR_INVALID_VALUE = 1, /* an argument is out of its documented range */
+  FMHA_ERROR_NOT_SUPPORTED = 2, /* valid, but this build or device cannot do it */
+  FMHA_ERROR_DEVICE = 3,        /* the GPU runtime reported an error (launch, attribute) */
+  FMHA_ERROR_INTERNAL = 4       /* a bug in fmha: please report it */
+} fmha_status;
+
+typedef enum fmha_dtype {
+  FMHA_DTYPE_FLOAT32 = 0,
+  FMHA_DTYPE_FLOAT16 = 1,
+  FMHA_DTYPE_BFLOAT16 = 2
+} fmha_dtype;
+
+typedef enum fmha_device {
+  FMHA_DEVICE_CPU = 0,
+  FMHA_DEVICE_CUDA = 1,
+  FMHA_DEVICE_HIP = 2
+} fmha_device;
+
+typedef enum fmha_mask_align {
+  FMHA_ALIGN_BOTTOM_RIGHT = 0, /* off = Sk - Sq: the last query sees the last key */
+  FMHA_ALIGN_TOP_LEFT = 1      /* off = 0: query i sees key i */
+} fmha_mask_align;
+
+/* A view of a (batch, row, head, head_dim) tensor; strides in elements. */
+typedef struct fmha_tensor {
+  void* data;
+  int64_t batch_stride; /* ignored in varlen mode */
+  int64_t row_stride;
+  int64_t head_stride;
+} fmha_tensor;
+
+/* What is computed: shapes, masking and score options shared by forward and backward. */
+typedef struct fmha_problem {
+  fmha_dtype dtype;    /* of q, k, v, out (and dout, dq, dk, dv) */
+  int32_t batch;       /* B: sequences in the batch */
+  int32_t seqlen_q;    /* fixed length: Sq.  varlen: max_seqlen_q, a bound on every sequence */
+  int32_t seqlen_k;    /* fixed length: Sk.  varlen: max_seqlen_k */
+  int32_t total_q;     /* varlen only: rows of the packed q (and out) */
+  int32_t total_k;     /* varlen only: rows of the packed k and v */
+  int32_t num_heads_q; /* Hq */
+  int32_t num_heads_k; /* Hk, divides Hq */
+  int32_t head_dim;    /* D, 1 .. FMHA_MAX_HEAD_DIM */
+
+  const int32_t* cu_seqlens_q; /* (B + 1) row offsets into q, or NULL for fixed length */
+  const int32_t* cu_seqlens_k; /* (B + 1) row offsets into k and v; NULL iff cu_seqlens_q is */
+  const int32_t* seqused_k;    /* optional (B): keys actually used by each sequence */
+
+  float scale;           /* multiplies q.k; flash_attn's default is head_dim ** -0.5 */
+  float softcap;         /* 0 disables */
+  int32_t window_left;   /* -1: unbounded */
+  int32_t window_right;  /* -1: unbounded; 0 with window_left -1 is causal */
+  fmha_mask_align mask_align;
+
+  const float* alibi_slopes;  /* optional, fp32, (Hq) or (B, Hq) */
+  int64_t alibi_batch_stride; /* 0 for (Hq) slopes, else the stride between batches */
+
+  float dropout_p;  /* probability of dropping, [0, 1) */
+  uint64_t seed;    /* Philox key */
+  uint64_t offset;  /* Philox counter offset */
+} fmha_problem;
+
+typedef struct fmha_fwd_params {
+  uint32_t struct_size; /* sizeof(fmha_fwd_params) as the caller compiled it */
+  fmha_device device;
+  fmha_problem problem;
+
+  fmha_tensor q, k, v; /* inputs */
+  fmha_tensor out;     /* output, same layout rules as q */
+  float* lse;          /* optional output, see the conventions above */
+
+  /* Optional, for tests and debugging (flash_attn's return_attn_probs): the normalized
+   * attention probabilities in `problem.dtype`, laid out as (B, Hq, seqlen_q, seqlen_k)
+   * through batch/head/row strides, with dropped entries negated.  Rows and columns past a
+   * sequence's own lengths are written as 0. */
+  fmha_tensor probs;
+} fmha_fwd_params;
+
+typedef struct fmha_bwd_params {
+  uint32_t struct_size; /* sizeof(fmha_bwd_params) as the caller compiled it */
+  fmha_device device;
+  fmha_problem problem; /* as in the forward call being differentiated */
+
+  fmha_tensor q, k, v, out, dout; /* inputs; out is the forward's output */
+  const float* lse;               /* the forward's LSE */
+  const float* dlse;              /* optional gradient of the LSE (same layout), or NULL */
+  fmha_tensor dq, dk, dv;         /* outputs */
+
+  int32_t deterministic; /* nonzero: bitwise reproducible, no atomics */
+  void* workspace;       /* device memory of at least fmha_bwd_workspace_size() bytes */
+  size_t workspace_size;
+} fmha_bwd_params;
+
+/* Feature bits of fmha_capabilities.features. */
+#define FMHA_FEATURE_BACKWARD (1u << 0)
+#define FMHA_FEATURE_VARLEN (1u << 1)
+#define FMHA_FEATURE_GQA (1u << 2)
+#define FMHA_FEATURE_WINDOW (1u << 3)
+#define FMHA_FEATURE_SOFTCAP (1u << 4)
+#define FMHA_FEATURE_ALIBI (1u << 5)
+#define FMHA_FEATURE_DROPOUT (1u << 6)
+#define FMHA_FEATURE_DETERMINISTIC (1u << 7)
+
+typedef struct fmha_capabilities {
+  uint32_t struct_size; /* set by the caller to sizeof(fmha_capabilities) */
+  int32_t available;    /* 1 if this build has the backend, else 0 */
+  uint32_t dtypes;      /* bit (1 << fmha_dtype) per accepted dtype */
+  int32_t max_head_dim;
+  uint32_t features;    /* FMHA_FEATURE_* bits */
+  char archs[128];      /* compiled GPU architectures, ';'-separated ("" for the CPU) */
+} fmha_capabilities;
+
+/* Fill params with defaults: struct_size, no window (-1, -1), bottom-right alignment,
+ * fp16, everything optional NULL or 0.  Sizes, pointers and scale are the caller's. */
+FMHA_API void fmha_fwd_params_init(fmha_fwd_params* params);
+FMHA_API void fmha_bwd_params_init(fmha_bwd_params* params);
+
+/* out = softmax(scores) . v, and lse.  Asynchronous on GPU streams. */
+FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream);
+
+/* Bytes of device workspace fmha_bwd needs for these params (0 is a valid answer). */
+FMHA_API fmha_status fmha_bwd_workspace_size(const fmha_bwd_params* params, size_t* bytes);
+
+/* dq, dk, dv from dout and the forward's out and lse.  Asynchronous on GPU streams. */
+FMHA_API fmha_status fmha_bwd(const fmha_bwd_params* params, void* stream);
+
+/* What this build offers on a device kind. */
+FMHA_API fmha_status fmha_get_capabilities(fmha_device device, fmha_capabilities* caps);
+
+/* The message of the last failed call on this thread ("" if none). */
+FMHA_API const char* fmha_last_error(void);
+
+/* "MAJOR.MINOR.PATCH" of the library actually loaded. */
+FMHA_API const char* fmha_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FMHA_FMHA_H_ */

@@ -1,0 +1,34 @@
+"""fmha: fast, memory-efficient, exact attention for NVIDIA and AMD GPUs (and a CPU
+reference backend), with flash-attn 2.x's API and torch's SDPA signature.
+
+    from fmha import flash_attn_func          # instead of: from flash_attn import ...
+    out = flash_attn_func(q, k, v, causal=True)
+"""
+
+from . import _C
+from ._backend import available_backends
+from . import ops  # noqa: F401  (registers torch.ops.fmha.fwd / bwd)
+from . import bert_padding
+from .flash_attn_interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+from .sdpa import scaled_dot_product_attention
+
+__version__ = _C.version()
+
+__all__ = [
+    "available_backends",
+    "bert_padding",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "scaled_dot_product_attention",
+]

@@ -1,0 +1,213 @@
+"""Argument checks that run before any kernel: each error names the argument and the limit.
+
+Shape and type checks are trace-friendly (torch.compile runs them on fake tensors).  Checks
+of metadata *values* (cu_seqlens, seqused_k) read the tensors, so they run only in the real
+op; on a GPU that is one small device-to-host copy, skipped while a CUDA graph is being
+captured (the kernels clamp every length to the tensor bounds, so bad values can never
+make them read or write out of bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._backend import _DTYPES
+
+MAX_HEAD_DIM = 256
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Dims:
+    batch: int
+    seqlen_q: int  # fixed: Sq; varlen: max_seqlen_q
+    seqlen_k: int
+    total_q: int  # varlen: rows of q; fixed: B * Sq
+    total_k: int
+    heads_q: int
+    heads_k: int
+    head_dim: int
+    varlen: bool
+
+
+def _tensor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _int(x, name: str, minimum: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    return x
+
+
+def _float(x, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, torch.SymFloat)):
+        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    return float(x)
+
+
+def _same_device(x: torch.Tensor, name: str, q: torch.Tensor) -> None:
+    if x.device != q.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {q.device}; all tensors must share a device")
+
+
+def _index_tensor(x, name: str, numel: int, q: torch.Tensor, what: str) -> None:
+    _tensor(x, name)
+    if x.dtype != torch.int32:
+        raise TypeError(f"{name} must be torch.int32, got {x.dtype}")
+    if x.dim() != 1 or x.numel() != numel:
+        raise ValueError(f"{name} must have shape ({numel},) ({what}), got {tuple(x.shape)}")
+    _same_device(x, name, q)
+
+
+def window(window_size, causal: bool) -> tuple[int, int]:
+    """flash_attn's (left, right) window, with causal forcing right = 0."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+    left = _int(window_size[0], "window_size[0]", -1)
+    right = _int(window_size[1], "window_size[1]", -1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return left, 0 if causal else right
+
+
+def attention_inputs(
+    q, k, v,
+    cu_seqlens_q, cu_seqlens_k, seqused_k,
+    max_seqlen_q, max_seqlen_k,
+    scale, softcap, window_left, window_right,
+    alibi_slopes, dropout_p,
+) -> Dims:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(x, name)
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    _same_device(k, "k", q)
+    _same_device(v, "v", q)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both be None")
+    varlen = cu_seqlens_q is not None
+
+    if varlen:
+        layout_q, layout_k = "(total_q, nheads, headdim)", "(total_k, nheads_k, headdim)"
+        if q.dim() != 3:
+            raise ValueError(f"q must be 3-D {layout_q} in varlen mode, got shape {tuple(q.shape)}")
+        if k.dim() != 3:
+            raise ValueError(f"k must be 3-D {layout_k} in varlen mode, got shape {tuple(k.shape)}")
+        total_q, heads_q, head_dim = q.shape
+        total_k, heads_k, head_dim_k = k.shape
+        _tensor(cu_seqlens_q, "cu_seqlens_q")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1:
+            raise ValueError(f"cu_seqlens_q must have shape (batch + 1,), got {tuple(cu_seqlens_q.shape)}")
+        batch = cu_seqlens_q.numel() - 1
+        _index_tensor(cu_seqlens_q, "cu_seqlens_q", batch + 1, q, "batch + 1")
+        _index_tensor(cu_seqlens_k, "cu_seqlens_k", batch + 1, q, "batch + 1, like cu_seqlens_q")
+        seqlen_q = _int(max_seqlen_q, "max_seqlen_q", 0)
+        seqlen_k = _int(max_seqlen_k, "max_seqlen_k", 0)
+    else:
+        layout_q, layout_k = "(batch, seqlen_q, nheads, headdim)", "(batch, seqlen_k, nheads_k, headdim)"
+        if q.dim() != 4:
+            raise ValueError(f"q must be 4-D {layout_q}, got shape {tuple(q.shape)}")
+        if k.dim() != 4:
+            raise ValueError(f"k must be 4-D {layout_k}, got shape {tuple(k.shape)}")
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        batch_k, seqlen_k, heads_k, head_dim_k = k.shape
+        if batch_k != batch:
+            raise ValueError(f"k has batch size {batch_k} but q has {batch}")
+        total_q, total_k = batch * seqlen_q, batch * seqlen_k
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"k has head dimension {head_dim_k} but q has {head_dim}; they must match")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head dimension (last dim of q) must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
+    if heads_q < 1 or heads_k < 1 or heads_q % heads_k != 0:
+        raise ValueError(
+            f"the number of query heads ({heads_q}) must be a positive multiple of the number of "
+            f"key/value heads ({heads_k})"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1 and x.shape[-1] > 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
+    for name, n in (("sequence length", max(seqlen_q, seqlen_k)), ("rows", max(total_q, total_k))):
+        if n > _INT32_MAX:
+            raise ValueError(f"{name} {n} exceeds the int32 limit {_INT32_MAX}")
+
+    if seqused_k is not None:
+        _index_tensor(seqused_k, "seqused_k", batch, q, "batch")
+    if alibi_slopes is not None:
+        _tensor(alibi_slopes, "alibi_slopes")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be torch.float32, got {alibi_slopes.dtype}")
+        if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+            raise ValueError(
+                f"alibi_slopes must have shape ({heads_q},) or ({batch}, {heads_q}) (nheads or "
+                f"batch x nheads), got {tuple(alibi_slopes.shape)}"
+            )
+        _same_device(alibi_slopes, "alibi_slopes", q)
+    _float(scale, "softmax_scale")
+    if _float(softcap, "softcap") < 0:
+        raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
+    _int(window_left, "window_size[0]", -1)
+    _int(window_right, "window_size[1]", -1)
+    p = _float(dropout_p, "dropout_p")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return Dims(batch, seqlen_q, seqlen_k, total_q, total_k, heads_q, heads_k, head_dim, varlen)
+
+
+def metadata_values(
+    dims: Dims,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    seqused_k: Optional[torch.Tensor],
+) -> None:
+    """Rejects cu_seqlens / seqused_k values that do not describe the tensors."""
+    if cu_seqlens_q is None and seqused_k is None:
+        return
+    parts = [t for t in (cu_seqlens_q, cu_seqlens_k, seqused_k) if t is not None]
+    host = torch.cat([t.reshape(-1) for t in parts]).to("cpu", torch.int64).tolist()
+    b = dims.batch
+    if cu_seqlens_q is not None:
+        cus = {"cu_seqlens_q": host[: b + 1], "cu_seqlens_k": host[b + 1 : 2 * b + 2]}
+        rows = {"cu_seqlens_q": (dims.total_q, "q", "max_seqlen_q", dims.seqlen_q),
+                "cu_seqlens_k": (dims.total_k, "k and v", "max_seqlen_k", dims.seqlen_k)}
+        for name, cu in cus.items():
+            total, tensors, max_name, max_len = rows[name]
+            if cu[0] < 0:
+                raise ValueError(f"{name}[0] must be >= 0, got {cu[0]}")
+            for i in range(b):
+                if cu[i + 1] < cu[i]:
+                    raise ValueError(f"{name} must be non-decreasing, but {name}[{i}] = {cu[i]} > {name}[{i + 1}] = {cu[i + 1]}")
+                if cu[i + 1] - cu[i] > max_len:
+                    raise ValueError(f"sequence {i} has {cu[i + 1] - cu[i]} rows in {name}, more than {max_name} = {max_len}")
+            if cu[b] > total:
+                raise ValueError(f"{name}[{b}] = {cu[b]} exceeds the {total} rows of {tensors}")
+        used = host[2 * b + 2 :]
+        caps = [cus["cu_seqlens_k"][i + 1] - cus["cu_seqlens_k"][i] for i in range(b)]
+    else:
+        used = host
+        caps = [dims.seqlen_k] * b
+    if seqused_k is not None:
+        for i, (u, cap) in enumerate(zip(used, caps)):
+            if not 0 <= u <= cap:
+                raise ValueError(f"seqused_k[{i}] = {u} is outside [0, {cap}], the keys sequence {i} has")
+
+
+def contiguous_last(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """flash_attn accepts any strides but needs the head dimension contiguous."""
+    if x is not None and isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(-1) != 1:
+        return x.contiguous()
+    return x

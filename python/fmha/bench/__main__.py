@@ -1,0 +1,163 @@
+"""python -m fmha.bench: fmha against torch's attention backends (and FlexAttention,
+flash-attn when importable), side by side on one device, with ratios.
+
+Every result is a median of CUDA-event timings after warm-up on fresh random inputs, and
+fmha's output is checked against an fp32 reference before any number is printed.  The
+machine's matmul rate and copy bandwidth are measured in the same run.  Results go to the
+terminal, and to JSON and Markdown files under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+import fmha
+
+from . import report, timing
+from .peers import Case, peers
+
+
+def _progress(items, desc):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, leave=False, file=sys.stderr)
+    except ImportError:
+        return items
+
+
+def training_cases(device: torch.device, quick: bool, dtype: torch.dtype) -> list[Case]:
+    """ANCHORS.md's shapes on a GPU: 16,384 tokens per batch, model width 2048."""
+    if device.type == "cuda":
+        dims, seqlens = ((128,), (1024, 4096)) if quick else ((64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
+        tokens, width = 16384, 2048
+    else:
+        dims, seqlens = ((64,), (128, 512)) if quick else ((64, 128), (128, 256, 512, 1024))
+        tokens, width = 1024, 256
+    return [Case(tokens // s, s, width // d, d, causal, dtype)
+            for d in dims for causal in (False, True) for s in seqlens]
+
+
+def _inputs(case: Case, layout: str, device, sets: int, grad: bool):
+    shape = ((case.batch, case.seqlen, case.heads, case.head_dim) if layout == "bshd"
+             else (case.batch, case.heads, case.seqlen, case.head_dim))
+    return [tuple(torch.randn(shape, device=device, dtype=case.dtype).requires_grad_(grad) for _ in range(4))
+            for _ in range(sets)]
+
+
+def check_fmha(case: Case, device) -> float:
+    """Relative error of fmha's output against an fp32 reference on the first batch
+    element and two heads (enough to catch a wrong kernel, cheap at any size)."""
+    q, k, v, _ = _inputs(case, "bshd", device, 1, False)[0]
+    out = fmha.flash_attn_func(q, k, v, causal=case.causal)
+    sl = (slice(0, 1), slice(None), slice(0, 2))
+    qr, kr, vr = (x[sl].float().transpose(1, 2) for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=case.causal).transpose(1, 2)
+    return ((out[sl].float() - ref).norm() / ref.norm()).item()
+
+
+def time_peer(peer, case: Case, device, mode: str, budget_s: float) -> float:
+    sets = _inputs(case, peer.layout, device, 3, mode == "fwd_bwd")
+
+    def call(q, k, v, do):
+        out = peer.forward(q, k, v, case.causal)
+        if mode == "fwd_bwd":
+            torch.autograd.grad(out, (q, k, v), do)
+
+    with peer.context():
+        fns = [lambda s=s: call(*s) for s in sets]
+        return timing.median_ms(fns, device, budget_s=budget_s)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__), check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fmha.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--quick", action="store_true", help="a few shapes, about a minute on a GPU")
+    ap.add_argument("--modes", default="fwd,fwd_bwd", help="comma-separated: fwd, fwd_bwd")
+    ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
+    ap.add_argument("--out", default="bench-results", help="folder for the JSON and Markdown results")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    if device.type == "cpu" and dtype != torch.float32:
+        dtype = torch.float32  # torch's CPU peers are fp32-first; compare like with like
+    budget = 0.3 if args.quick else 1.0
+    modes = args.modes.split(",")
+    all_peers = peers(device)
+    if args.peers:
+        wanted = set(args.peers.split(",")) | {"fmha"}
+        all_peers = [p for p in all_peers if p.name in wanted]
+
+    meta = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "fmha": fmha.__version__, "commit": _commit(), "torch": torch.__version__,
+        "dtype": str(dtype).replace("torch.", ""), "quick": args.quick,
+        "peers": [p.name for p in all_peers],
+        "matmul_tflops": timing.matmul_tflops(device, args.quick),
+        "copy_gbps": timing.copy_gbps(device, args.quick),
+    }
+    print(f"fmha {meta['fmha']} ({meta['commit']}) on {meta['device']}, torch {meta['torch']}, {meta['dtype']}; "
+          f"ceilings: matmul {meta['matmul_tflops']:.3g} TFLOP/s, copy {meta['copy_gbps']:.0f} GB/s")
+
+    results = []
+    cases = training_cases(device, args.quick, dtype)
+    for case in _progress(cases, "training shapes"):
+        err = check_fmha(case, device)
+        tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+        if not err < tol:
+            print(f"fmha output is wrong for {case.label()}: relative error {err:.2e} > {tol:.0e}; "
+                  f"no timings printed", file=sys.stderr)
+            return 1
+        for mode in modes:
+            flops = case.flops_fwd() * (3.5 if mode == "fwd_bwd" else 1.0)
+            row = {"suite": "training", "mode": mode, "case": case.label(), "batch": case.batch,
+                   "seqlen": case.seqlen, "heads": case.heads, "head_dim": case.head_dim,
+                   "causal": case.causal, "fmha_rel_err": err, "ms": {}, "tflops": {}, "skipped": {}}
+            for peer in all_peers:
+                reason = peer.unsupported(case)
+                if reason is None:
+                    try:
+                        ms = time_peer(peer, case, device, mode, budget)
+                        row["ms"][peer.name] = ms
+                        row["tflops"][peer.name] = flops / (ms * 1e-3) / 1e12
+                        continue
+                    except (RuntimeError, torch.OutOfMemoryError) as e:  # a peer refusing a shape
+                        reason = str(e).splitlines()[0][:80]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                row["skipped"][peer.name] = reason
+            results.append(row)
+
+    os.makedirs(args.out, exist_ok=True)
+    payload = {"meta": meta, "results": results}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    table = report.markdown(payload)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table)
+    print(report.terminal(payload))
+    print(f"\nwrote {args.out}/results.json and results.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The implementations the benchmark runs side by side.  Each takes (B, S, H, D)-shaped
+problems but receives inputs in its own native layout, so no peer pays for a transpose."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+import fmha
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen: int
+    heads: int
+    head_dim: int
+    causal: bool
+    dtype: torch.dtype
+
+    def flops_fwd(self) -> float:
+        f = 4.0 * self.batch * self.heads * self.seqlen**2 * self.head_dim
+        return f / 2 if self.causal else f
+
+    def label(self) -> str:
+        return f"B={self.batch} S={self.seqlen} H={self.heads} D={self.head_dim}{' causal' if self.causal else ''}"
+
+
+@dataclass
+class Peer:
+    name: str
+    layout: str  # "bshd" (flash_attn) or "bhsd" (torch SDPA)
+    forward: Callable  # (q, k, v, causal) -> out
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    unsupported: Callable[[Case], Optional[str]] = lambda case: None
+
+
+def _sdpa_backend(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return lambda: sdpa_kernel(getattr(SDPBackend, backend_name))
+
+
+def _sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _flex_peer(device: torch.device) -> Optional[Peer]:
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def causal_mod(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def forward(q, k, v, causal):
+        mask = None
+        if causal:
+            key = (q.shape[2], k.shape[2])
+            if key not in masks:
+                masks[key] = create_block_mask(causal_mod, None, None, key[0], key[1], device=device)
+            mask = masks[key]
+        return compiled(q, k, v, block_mask=mask)
+
+    return Peer("flex", "bhsd", forward, unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None)
+
+
+def peers(device: torch.device, include_math: bool = True) -> list[Peer]:
+    """fmha first, then every peer importable on this device."""
+    out = [Peer("fmha", "bshd", lambda q, k, v, causal: fmha.flash_attn_func(q, k, v, causal=causal))]
+    if device.type == "cuda":
+        out.append(Peer("torch-flash", "bhsd", _sdpa, _sdpa_backend("FLASH_ATTENTION"),
+                        unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None))
+        out.append(Peer("torch-efficient", "bhsd", _sdpa, _sdpa_backend("EFFICIENT_ATTENTION")))
+        if hasattr(torch.nn.attention.SDPBackend, "CUDNN_ATTENTION"):
+            out.append(Peer("torch-cudnn", "bhsd", _sdpa, _sdpa_backend("CUDNN_ATTENTION"),
+                            unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None))
+        flex = _flex_peer(device)
+        if flex is not None:
+            out.append(flex)
+        if importlib.util.find_spec("flash_attn") is not None:
+            from flash_attn import flash_attn_func as fa2
+
+            out.append(Peer("flash-attn", "bshd", lambda q, k, v, causal: fa2(q, k, v, causal=causal)))
+    else:
+        out.append(Peer("torch-flash", "bhsd", _sdpa, _sdpa_backend("FLASH_ATTENTION")))
+    if include_math:
+        # Standard attention, materializing the S x S matrix: the papers' baseline.
+        out.append(Peer("torch-math", "bhsd", _sdpa, _sdpa_backend("MATH"),
+                        unsupported=lambda c: "S x S scores too large" if
+                        c.batch * c.heads * c.seqlen**2 * 4 > (8 << 30) else None))
+    return out

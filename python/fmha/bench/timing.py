@@ -1,0 +1,63 @@
+"""Timing and the machine's ceilings (../.library/device/METHOD.md): device events after
+warm-up, the median of many runs, inputs rotated so repeated runs do not measure the cache."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, warmup: int = 3,
+              min_runs: int = 10, budget_s: float = 1.0) -> float:
+    """Median time of one call in milliseconds.  ``fns`` are equivalent calls on different
+    input sets, cycled through so that no run reuses the previous run's data."""
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    _sync(device)
+    times = []
+    start = time.perf_counter()
+    i = 0
+    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < 1000):
+        fn = fns[i % len(fns)]
+        i += 1
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start > 10 * budget_s:
+            break
+    return statistics.median(times)
+
+
+def matmul_tflops(device: torch.device, quick: bool) -> float:
+    """bf16 (CPU: fp32) matrix product rate on random data: the arithmetic ceiling."""
+    n = (4096 if quick else 8192) if device.type == "cuda" else 512
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = median_ms([lambda: a @ b], device, budget_s=0.5)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def copy_gbps(device: torch.device, quick: bool) -> float:
+    """Device-to-device copy rate counting bytes read plus written: the bandwidth ceiling."""
+    numel = ((1 << 28) if not quick else (1 << 26)) if device.type == "cuda" else (1 << 24)
+    src = torch.empty(numel, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = median_ms([lambda: dst.copy_(src)], device, budget_s=0.5)
+    return 2 * numel / (ms * 1e-3) / 1e9

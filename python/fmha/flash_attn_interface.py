@@ -1,0 +1,121 @@
+"""flash-attn 2.x's Python API, name for name: switching is one import line.
+
+Every function here is a thin wrapper over ``torch.ops.fmha.fwd`` (ops.py), which carries
+the autograd, so the packed variants' gradients flow back into the packed tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from . import ops as _ops  # noqa: F401  (registers torch.ops.fmha.*)
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+               dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+               deterministic, return_attn_probs, top_left=False):
+    q, k, v = (_checks.contiguous_last(x) for x in (q, k, v))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _checks._tensor(x, name)
+    left, right = _checks.window(window_size, causal)
+    if softmax_scale is None:  # D == 0 is rejected by the op, with a message
+        softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    out, lse, _rng, probs = torch.ops.fmha.fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, softcap, left, right, top_left, alibi_slopes, dropout_p, deterministic,
+        bool(return_attn_probs) and dropout_p > 0, None)
+    return (out, lse, probs) if return_attn_probs else out
+
+
+def _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+           deterministic, return_attn_probs):
+    for name, x in (("q", q), ("k", k)):
+        _checks._tensor(x, name)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale,
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def _unpack(x, name: str, count: int, dim: int):
+    _checks._tensor(x, name)
+    if x.dim() <= dim or x.shape[dim] != count:
+        layout = {(3, 2): "(batch, seqlen, 3, nheads, headdim)", (2, 2): "(batch, seqlen, 2, nheads_k, headdim)",
+                  (3, 1): "(total, 3, nheads, headdim)", (2, 1): "(total, 2, nheads_k, headdim)"}[(count, dim)]
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(x.shape)}")
+    return x.unbind(dim)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k,
+    nheads_k, headdim); nheads a multiple of nheads_k (MQA/GQA).
+
+    causal aligns the mask to the bottom-right corner: query i sees keys
+    [i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q + window_size[1]]
+    (-1 = unbounded; causal sets the right window to 0). softcap > 0 applies
+    softcap * tanh(s / softcap); alibi_slopes (nheads,) or (batch, nheads) fp32 subtracts
+    slope * |i + seqlen_k - seqlen_q - j|. Rows that see no key output 0.
+
+    Returns out (batch, seqlen_q, nheads, headdim), or with return_attn_probs
+    (out, softmax_lse (batch, nheads, seqlen_q), S_dmask), S_dmask being empty unless
+    dropout_p > 0 (then the probabilities, negated where dropped; for testing).
+    """
+    return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim)."""
+    q, k, v = _unpack(qkv, "qkv", 3, 2)
+    return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    k, v = _unpack(kv, "kv", 2, 2)
+    return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                           block_table=None, *, seqused_k=None):
+    """Attention over packed sequences: q (total_q, nheads, headdim), k and v (total_k,
+    nheads_k, headdim); sequence b owns rows cu_seqlens[b]:cu_seqlens[b + 1] (int32,
+    batch + 1 entries). seqused_k (batch,) int32 limits sequence b to its first
+    seqused_k[b] keys. Masks are per sequence, as in flash_attn_func. softmax_lse is
+    (nheads, total_q). block_table (paged KV) is not supported yet and raises ValueError.
+    """
+    if block_table is not None:
+        raise ValueError("block_table (paged KV) is not supported by flash_attn_varlen_func yet; "
+                         "pass contiguous k and v")
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                     deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim)."""
+    q, k, v = _unpack(qkv, "qkv", 3, 1)
+    return _attention(q, k, v, cu_seqlens, cu_seqlens, None, max_seqlen, max_seqlen, dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                    softcap=0.0, alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
+    k, v = _unpack(kv, "kv", 2, 1)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k, dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)

@@ -1,0 +1,206 @@
+"""The torch.library ops every public function goes through: ``torch.ops.fmha.fwd`` and
+``torch.ops.fmha.bwd``, with fake implementations and registered autograd, so that
+torch.compile(fullgraph=True) traces forward and backward without a graph break.
+
+Both fill a libfmha params struct (fmha/fmha.h) from the tensors and call the backend of
+the tensors' device.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C, _checks
+from ._backend import _DTYPES, capturing, fmha_device, ptr, stream_handle, view
+
+
+def _device_guard(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _lse_shape(d: _checks.Dims) -> Tuple[int, ...]:
+    return (d.heads_q, d.total_q) if d.varlen else (d.batch, d.heads_q, d.seqlen_q)
+
+
+def _probs_shape(d: _checks.Dims) -> Tuple[int, ...]:
+    return (d.batch, d.heads_q, d.seqlen_q, d.seqlen_k)
+
+
+def _problem(d: _checks.Dims, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
+             window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state) -> "_C.Problem":
+    pr = _C.Problem()
+    pr.dtype = _DTYPES[dtype]
+    pr.batch = d.batch
+    pr.seqlen_q, pr.seqlen_k = d.seqlen_q, d.seqlen_k
+    pr.total_q, pr.total_k = d.total_q, d.total_k
+    pr.num_heads_q, pr.num_heads_k, pr.head_dim = d.heads_q, d.heads_k, d.head_dim
+    pr.cu_seqlens_q, pr.cu_seqlens_k, pr.seqused_k = ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k)
+    pr.scale, pr.softcap = scale, softcap
+    pr.window_left, pr.window_right = window_left, window_right
+    pr.mask_align = _C.MaskAlign.top_left if top_left else _C.MaskAlign.bottom_right
+    if alibi_slopes is not None:
+        pr.alibi_slopes = alibi_slopes.data_ptr()
+        pr.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    pr.dropout_p = dropout_p
+    if dropout_p > 0:
+        seed, offset = rng_state.tolist()
+        pr.seed, pr.offset = seed & (2**64 - 1), offset & (2**64 - 1)
+    return pr
+
+
+def _draw_rng_state() -> Tensor:
+    """(seed, offset) from torch's default CPU generator, so torch.manual_seed reproduces
+    dropout on every device without touching (or synchronizing) a GPU."""
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64)
+
+
+def _contiguous_small(x: Optional[Tensor]) -> Optional[Tensor]:
+    return None if x is None else x.contiguous()
+
+
+@torch.library.custom_op("fmha::fwd", mutates_args=())
+def fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    scale: float, softcap: float, window_left: int, window_right: int, top_left: bool,
+    alibi_slopes: Optional[Tensor], dropout_p: float, deterministic: bool, return_probs: bool,
+    rng_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Attention forward: (out, lse, rng_state, probs).  See docs/api.md."""
+    d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                 max_seqlen_k, scale, softcap, window_left, window_right,
+                                 alibi_slopes, dropout_p)
+    device = q.device
+    backend = fmha_device(device)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
+        _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
+    if not capturing(device):
+        _checks.metadata_values(d, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    if dropout_p > 0:
+        if rng_state is None:
+            if capturing(device):
+                raise ValueError("dropout while capturing a CUDA graph needs an explicit rng_state "
+                                 "(a fresh draw would be frozen into the graph)")
+            rng_state = _draw_rng_state()
+        elif rng_state.dtype != torch.int64 or rng_state.numel() != 2:
+            raise ValueError(f"rng_state must be an int64 tensor [seed, offset], got {rng_state.dtype} "
+                             f"of shape {tuple(rng_state.shape)}")
+        rng_state = rng_state.detach().to("cpu").clone()
+    else:
+        rng_state = torch.zeros(2, dtype=torch.int64)
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
+    probs = torch.empty(_probs_shape(d) if return_probs else (0,), dtype=q.dtype, device=device)
+
+    p = _C.FwdParams()
+    p.device = backend
+    p.problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
+                         window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state)
+    p.q, p.k, p.v, p.out = (view(t, d.varlen) for t in (q, k, v, out))
+    p.lse = lse.data_ptr()
+    if return_probs:
+        p.probs = _C.Tensor(probs.data_ptr(), probs.stride(0), probs.stride(2), probs.stride(1))
+    with _device_guard(device):
+        _C.fwd(p, stream_handle(device))
+    return out, lse, rng_state, probs
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
+              softcap, window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic,
+              return_probs, rng_state):
+    d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                 max_seqlen_k, scale, softcap, window_left, window_right,
+                                 alibi_slopes, dropout_p)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_lse_shape(d), dtype=torch.float32)
+    probs = q.new_empty(_probs_shape(d) if return_probs else (0,))
+    return out, lse, torch.empty(2, dtype=torch.int64, device="cpu"), probs
+
+
+@torch.library.custom_op("fmha::bwd", mutates_args=())
+def bwd(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    scale: float, softcap: float, window_left: int, window_right: int, top_left: bool,
+    alibi_slopes: Optional[Tensor], dropout_p: float, rng_state: Tensor, deterministic: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention backward: (dq, dk, dv) from dout (and optionally dlse, the LSE's gradient)."""
+    d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                 max_seqlen_k, scale, softcap, window_left, window_right,
+                                 alibi_slopes, dropout_p)
+    for name, t in (("dout", dout), ("out", out)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
+            raise ValueError(f"{name} must match q: shape {tuple(q.shape)} and dtype {q.dtype}, "
+                             f"got {tuple(t.shape)} and {t.dtype}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is not None and (tuple(t.shape) != _lse_shape(d) or t.dtype != torch.float32):
+            raise ValueError(f"{name} must be float32 of shape {_lse_shape(d)}, got {t.dtype} {tuple(t.shape)}")
+    device = q.device
+    backend = fmha_device(device)
+    dout, out = _checks.contiguous_last(dout), _checks.contiguous_last(out)
+    lse, dlse = lse.contiguous(), _contiguous_small(dlse)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
+        _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    p = _C.BwdParams()
+    p.device = backend
+    p.problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
+                         window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state)
+    p.q, p.k, p.v, p.out, p.dout = (view(t, d.varlen) for t in (q, k, v, out, dout))
+    p.dq, p.dk, p.dv = (view(t, d.varlen) for t in (dq, dk, dv))
+    p.lse, p.dlse = lse.data_ptr(), ptr(dlse)
+    p.deterministic = int(deterministic)
+    workspace = torch.empty(_C.bwd_workspace_size(p), dtype=torch.uint8, device=device)
+    p.workspace, p.workspace_size = ptr(workspace), workspace.numel()
+    with _device_guard(device):
+        _C.bwd(p, stream_handle(device))
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+              max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes,
+              dropout_p, rng_state, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# --- autograd: fwd's backward is bwd, with the forward's options replayed. ---
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+     window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic, return_probs,
+     _rng_in) = inputs
+    out, lse, rng_state, _probs = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state)
+    ctx.options = (max_seqlen_q, max_seqlen_k, scale, softcap, window_left, window_right, top_left,
+                   dropout_p, deterministic)
+
+
+def _backward(ctx, dout, dlse, _drng, _dprobs):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, scale, softcap, window_left, window_right, top_left, dropout_p,
+     deterministic) = ctx.options
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fmha.bwd(
+        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+        max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes, dropout_p,
+        rng_state, deterministic)
+    return (dq, dk, dv) + (None,) * 15
+
+
+torch.library.register_autograd("fmha::fwd", _backward, setup_context=_setup_context)

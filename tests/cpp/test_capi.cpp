@@ -1,0 +1,360 @@
+// C API tier: known-answer Philox vectors, exhaustive fp16/bf16 round trips, error codes and
+// messages, and forward/backward of the CPU backend against a direct double-precision
+// computation.  Prints each failure; exit status is the number of failures.
+#include <fmha/fmha.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dropout.h"
+#include "common/philox.h"
+#include "cpu/convert.h"
+
+namespace {
+
+int g_failures = 0;
+
+#define EXPECT(cond, ...)                                   \
+  do {                                                      \
+    if (!(cond)) {                                          \
+      ++g_failures;                                         \
+      std::printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                             \
+      std::printf("\n");                                    \
+    }                                                       \
+  } while (0)
+
+void test_philox_known_answers() {
+  // Random123's kat_vectors for philox4x32_10.
+  struct Kat {
+    fmha::U32x4 ctr;
+    uint32_t k0, k1;
+    fmha::U32x4 expect;
+  } kats[] = {
+      {{0, 0, 0, 0}, 0, 0, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu, 0xffffffffu,
+       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u,
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& k : kats) {
+    const fmha::U32x4 r = fmha::philox4x32_10(k.ctr, k.k0, k.k1);
+    EXPECT(r.x == k.expect.x && r.y == k.expect.y && r.z == k.expect.z && r.w == k.expect.w,
+           "philox(%08x ...) = %08x %08x %08x %08x", k.ctr.x, r.x, r.y, r.z, r.w);
+  }
+}
+
+void test_dropout_mapping() {
+  // Each group of 8 elements consumes all 8 halves of one Philox output exactly once.
+  const fmha::DropoutParams d = fmha::DropoutParams::make(0.5f, 0x1234567890abcdefull, 77);
+  for (int i0 : {0, 16, 48}) {
+    for (int j0 : {0, 32}) {
+      int seen[8] = {0};
+      for (int i = i0; i < i0 + 16; ++i)
+        for (int j = j0; j < j0 + 16; ++j) {
+          const fmha::U32x4 g = d.group_bits(3, i, j);
+          const fmha::U32x4 anchor = d.group_bits(3, i0 + i % 8, j0 + 2 * ((j % 8) / 2));
+          EXPECT(g.x == anchor.x && g.w == anchor.w, "(%d, %d) is not in its group", i, j);
+          if (i % 8 == 0 && (j % 8) / 2 == 0) ++seen[4 * ((i % 16) / 8) + 2 * ((j % 16) / 8) + (j % 2)];
+        }
+      for (int k = 0; k < 8; ++k) EXPECT(seen[k] == 1, "half %d used %d times", k, seen[k]);
+    }
+  }
+  // Keep rate close to 1 - p.
+  const fmha::DropoutParams d3 = fmha::DropoutParams::make(0.3f, 42, 0);
+  int kept = 0;
+  const int n = 256;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) kept += d3.keep(0, i, j);
+  const double rate = (double)kept / (n * n);
+  EXPECT(std::fabs(rate - 0.7) < 0.01, "keep rate %.4f, expected 0.7", rate);
+}
+
+void test_half_bf16_round_trip() {
+  using namespace fmha::cpu;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = half_to_float((uint16_t)h);
+    if (std::isnan(f)) {
+      EXPECT(std::isnan(half_to_float(float_to_half(f))), "half NaN %04x", h);
+      continue;
+    }
+    EXPECT(float_to_half(f) == h, "half %04x -> %g -> %04x", h, f, float_to_half(f));
+    const float b = bf16_to_float((uint16_t)h);
+    if (!std::isnan(b)) EXPECT(float_to_bf16(b) == h, "bf16 %04x -> %g", h, b);
+  }
+  // Rounding to nearest, ties to even.
+  EXPECT(float_to_half(1.0f + 1.0f / 2048) == 0x3C00, "1 + 2^-11 rounds to even (1.0)");
+  EXPECT(float_to_half(1.0f + 3.0f / 2048) == 0x3C02, "1 + 3 * 2^-11 rounds to even");
+  EXPECT(float_to_half(65520.f) == 0x7C00, "65520 overflows to inf");
+  EXPECT(float_to_half(65519.f) == 0x7BFF, "65519 rounds to 65504");
+  EXPECT(float_to_bf16(1.0f + 1.0f / 256) == 0x3F80, "bf16 tie rounds to even");
+}
+
+// Dense fixed-length fp32 problem with a double-precision reference.
+struct Case {
+  int B = 2, Sq = 37, Sk = 53, Hq = 4, Hk = 2, D = 40;
+  int wl = -1, wr = -1;
+  float softcap = 0.f;
+  bool alibi = false;
+};
+
+struct Tensors {
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv, slopes;
+};
+
+fmha_problem make_problem(const Case& c) {
+  fmha_fwd_params p;
+  fmha_fwd_params_init(&p);
+  fmha_problem pr = p.problem;
+  pr.dtype = FMHA_DTYPE_FLOAT32;
+  pr.batch = c.B;
+  pr.seqlen_q = c.Sq;
+  pr.seqlen_k = c.Sk;
+  pr.num_heads_q = c.Hq;
+  pr.num_heads_k = c.Hk;
+  pr.head_dim = c.D;
+  pr.scale = 1.0f / std::sqrt((float)c.D);
+  pr.softcap = c.softcap;
+  pr.window_left = c.wl;
+  pr.window_right = c.wr;
+  return pr;
+}
+
+fmha_tensor view(std::vector<float>& t, int S, int H, int D) {
+  return fmha_tensor{t.data(), (int64_t)S * H * D, (int64_t)H * D, D};
+}
+
+// out, lse and the gradients of sum(out * dout) in double precision.
+void reference(const Case& c, const Tensors& t, std::vector<double>& out, std::vector<double>& lse,
+               std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  const int g = c.Hq / c.Hk;
+  const double scale = 1.0 / std::sqrt((double)c.D);
+  out.assign(t.q.size(), 0.0);
+  dq.assign(t.q.size(), 0.0);
+  dk.assign(t.k.size(), 0.0);
+  dv.assign(t.v.size(), 0.0);
+  lse.assign((size_t)c.B * c.Hq * c.Sq, -INFINITY);
+  auto Q = [&](int b, int i, int h) { return ((size_t)(b * c.Sq + i) * c.Hq + h) * c.D; };
+  auto K = [&](int b, int j, int h) { return ((size_t)(b * c.Sk + j) * c.Hk + h) * c.D; };
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.Sq; ++i) {
+        const int hk = h / g;
+        std::vector<double> s(c.Sk, -INFINITY), raw(c.Sk, 0.0);
+        double mx = -INFINITY;
+        for (int j = 0; j < c.Sk; ++j) {
+          const long d = (long)j - i, off = c.Sk - c.Sq;
+          if ((c.wl >= 0 && d < off - c.wl) || (c.wr >= 0 && d > off + c.wr)) continue;
+          double x = 0.0;
+          for (int e = 0; e < c.D; ++e) x += (double)t.q[Q(b, i, h) + e] * t.k[K(b, j, hk) + e];
+          x *= scale;
+          raw[j] = x;
+          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+          if (c.alibi) x -= t.slopes[h] * std::fabs((double)(i + off - j));
+          s[j] = x;
+          mx = std::fmax(mx, x);
+        }
+        if (mx == -INFINITY) continue;
+        double sum = 0.0;
+        for (int j = 0; j < c.Sk; ++j) sum += std::exp(s[j] - mx);
+        lse[((size_t)b * c.Hq + h) * c.Sq + i] = mx + std::log(sum);
+        std::vector<double> p(c.Sk), dp(c.Sk);
+        double delta = 0.0;
+        for (int j = 0; j < c.Sk; ++j) p[j] = std::exp(s[j] - mx) / sum;
+        for (int e = 0; e < c.D; ++e) {
+          double o = 0.0;
+          for (int j = 0; j < c.Sk; ++j) o += p[j] * t.v[K(b, j, hk) + e];
+          out[Q(b, i, h) + e] = o;
+          delta += o * t.dout[Q(b, i, h) + e];
+        }
+        for (int j = 0; j < c.Sk; ++j) {
+          if (p[j] == 0.0) continue;
+          double x = 0.0;
+          for (int e = 0; e < c.D; ++e) x += (double)t.dout[Q(b, i, h) + e] * t.v[K(b, j, hk) + e];
+          double ds = p[j] * (x - delta) * scale;
+          if (c.softcap > 0) {
+            const double th = std::tanh(raw[j] / c.softcap);
+            ds *= 1.0 - th * th;
+          }
+          for (int e = 0; e < c.D; ++e) {
+            dq[Q(b, i, h) + e] += ds * t.k[K(b, j, hk) + e];
+            dk[K(b, j, hk) + e] += ds * t.q[Q(b, i, h) + e];
+            dv[K(b, j, hk) + e] += p[j] * t.dout[Q(b, i, h) + e];
+          }
+        }
+      }
+}
+
+double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    num = std::fmax(num, std::fabs(got[i] - want[i]));
+    den = std::fmax(den, std::fabs(want[i]));
+  }
+  return num / (den > 0 ? den : 1.0);
+}
+
+void test_against_reference(const Case& c, const char* name) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Tensors t;
+  t.q.resize((size_t)c.B * c.Sq * c.Hq * c.D);
+  t.k.resize((size_t)c.B * c.Sk * c.Hk * c.D);
+  t.v.resize(t.k.size());
+  t.dout.resize(t.q.size());
+  for (auto* x : {&t.q, &t.k, &t.v, &t.dout})
+    for (float& e : *x) e = normal(rng);
+  t.slopes.resize(c.Hq);
+  for (int h = 0; h < c.Hq; ++h) t.slopes[h] = std::pow(2.0f, -(h + 1.0f));
+  t.out.assign(t.q.size(), NAN);
+  t.lse.assign((size_t)c.B * c.Hq * c.Sq, NAN);
+  t.dq.assign(t.q.size(), NAN);
+  t.dk.assign(t.k.size(), NAN);
+  t.dv.assign(t.v.size(), NAN);
+
+  fmha_fwd_params f;
+  fmha_fwd_params_init(&f);
+  f.problem = make_problem(c);
+  if (c.alibi) f.problem.alibi_slopes = t.slopes.data();
+  f.q = view(t.q, c.Sq, c.Hq, c.D);
+  f.k = view(t.k, c.Sk, c.Hk, c.D);
+  f.v = view(t.v, c.Sk, c.Hk, c.D);
+  f.out = view(t.out, c.Sq, c.Hq, c.D);
+  f.lse = t.lse.data();
+  EXPECT(fmha_fwd(&f, nullptr) == FMHA_SUCCESS, "%s: fmha_fwd: %s", name, fmha_last_error());
+
+  fmha_bwd_params bp;
+  fmha_bwd_params_init(&bp);
+  bp.problem = f.problem;
+  bp.q = f.q;
+  bp.k = f.k;
+  bp.v = f.v;
+  bp.out = f.out;
+  bp.dout = view(t.dout, c.Sq, c.Hq, c.D);
+  bp.lse = t.lse.data();
+  bp.dq = view(t.dq, c.Sq, c.Hq, c.D);
+  bp.dk = view(t.dk, c.Sk, c.Hk, c.D);
+  bp.dv = view(t.dv, c.Sk, c.Hk, c.D);
+  size_t ws = 1;
+  EXPECT(fmha_bwd_workspace_size(&bp, &ws) == FMHA_SUCCESS && ws == 0, "%s: CPU workspace %zu", name, ws);
+  EXPECT(fmha_bwd(&bp, nullptr) == FMHA_SUCCESS, "%s: fmha_bwd: %s", name, fmha_last_error());
+
+  std::vector<double> out, lse, dq, dk, dv;
+  reference(c, t, out, lse, dq, dk, dv);
+  const double tol = 2e-5;
+  EXPECT(max_rel_err(t.out, out) < tol, "%s: out error %.3g", name, max_rel_err(t.out, out));
+  EXPECT(max_rel_err(t.lse, lse) < tol, "%s: lse error %.3g", name, max_rel_err(t.lse, lse));
+  EXPECT(max_rel_err(t.dq, dq) < tol, "%s: dq error %.3g", name, max_rel_err(t.dq, dq));
+  EXPECT(max_rel_err(t.dk, dk) < tol, "%s: dk error %.3g", name, max_rel_err(t.dk, dk));
+  EXPECT(max_rel_err(t.dv, dv) < tol, "%s: dv error %.3g", name, max_rel_err(t.dv, dv));
+}
+
+// Calls fmha_fwd on a small valid problem after `mutate`, expects `status` and a message
+// containing `words`.
+void expect_fwd_error(const char* words, fmha_status status, const std::function<void(fmha_fwd_params&)>& mutate) {
+  std::vector<float> q(2 * 8 * 2 * 16, 0.5f), out(q.size()), lse(2 * 2 * 8);
+  fmha_fwd_params p;
+  fmha_fwd_params_init(&p);
+  Case c;
+  c.B = 2, c.Sq = c.Sk = 8, c.Hq = c.Hk = 2, c.D = 16;
+  p.problem = make_problem(c);
+  p.q = p.k = p.v = view(q, 8, 2, 16);
+  p.out = view(out, 8, 2, 16);
+  p.lse = lse.data();
+  EXPECT(fmha_fwd(&p, nullptr) == FMHA_SUCCESS, "baseline: %s", fmha_last_error());
+  EXPECT(std::string(fmha_last_error()).empty(), "success clears the last error");
+  mutate(p);
+  const fmha_status got = fmha_fwd(&p, nullptr);
+  const std::string msg = fmha_last_error();
+  EXPECT(got == status && msg.find(words) != std::string::npos, "expected status %d with '%s', got %d: '%s'",
+         (int)status, words, (int)got, msg.c_str());
+}
+
+void test_errors() {
+  EXPECT(fmha_fwd(nullptr, nullptr) == FMHA_ERROR_INVALID_VALUE, "NULL params");
+  expect_fwd_error("struct_size", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.struct_size = 8; });
+  expect_fwd_error("head_dim", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.head_dim = 257; });
+  expect_fwd_error("head_dim", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.head_dim = 0; });
+  expect_fwd_error("multiple of num_heads_k", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.num_heads_q = 3;
+  });
+  expect_fwd_error("dropout_p", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.dropout_p = 1.f; });
+  expect_fwd_error("window_left", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.window_left = -2; });
+  expect_fwd_error("softcap", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.softcap = -1.f; });
+  expect_fwd_error("scale", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.scale = NAN; });
+  expect_fwd_error("dtype", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.dtype = (fmha_dtype)9; });
+  expect_fwd_error("q.data", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.q.data = nullptr; });
+  expect_fwd_error("strides", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.k.row_stride = -1; });
+  expect_fwd_error("together", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    static const int32_t cu[3] = {0, 8, 16};
+    p.problem.cu_seqlens_q = cu;
+  });
+  static const int32_t decreasing[3] = {0, 9, 8};
+  static const int32_t good[3] = {0, 8, 16};
+  expect_fwd_error("non-decreasing", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.cu_seqlens_q = decreasing;
+    p.problem.cu_seqlens_k = good;
+    p.problem.total_q = p.problem.total_k = 16;
+    p.problem.seqlen_q = p.problem.seqlen_k = 9;
+  });
+  expect_fwd_error("max_seqlen_q", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.cu_seqlens_q = good;
+    p.problem.cu_seqlens_k = good;
+    p.problem.total_q = p.problem.total_k = 16;
+    p.problem.seqlen_q = 7;
+    p.problem.seqlen_k = 8;
+  });
+  expect_fwd_error("exceeds", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.cu_seqlens_q = good;
+    p.problem.cu_seqlens_k = good;
+    p.problem.total_q = 15;
+    p.problem.total_k = 16;
+  });
+  static const int32_t used[2] = {3, 9};
+  expect_fwd_error("seqused_k[1]", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.seqused_k = used; });
+#if !defined(FMHA_WITH_CUDA)
+  fmha_capabilities caps{};
+  caps.struct_size = sizeof(caps);
+  EXPECT(fmha_get_capabilities(FMHA_DEVICE_CUDA, &caps) == FMHA_SUCCESS, "capabilities");
+  if (!caps.available)
+    expect_fwd_error("without CUDA", FMHA_ERROR_NOT_SUPPORTED, [](fmha_fwd_params& p) { p.device = FMHA_DEVICE_CUDA; });
+#endif
+  fmha_capabilities cpu{};
+  cpu.struct_size = sizeof(cpu);
+  EXPECT(fmha_get_capabilities(FMHA_DEVICE_CPU, &cpu) == FMHA_SUCCESS && cpu.available && cpu.max_head_dim == 256,
+         "CPU capabilities");
+  EXPECT(std::string(fmha_version()) == "0.1.0", "version %s", fmha_version());
+}
+
+}  // namespace
+
+int main() {
+  test_philox_known_answers();
+  test_dropout_mapping();
+  test_half_bf16_round_trip();
+  test_errors();
+  test_against_reference(Case{}, "gqa");
+  Case causal;
+  causal.wr = 0;
+  causal.Sq = 61;
+  causal.Sk = 29;
+  test_against_reference(causal, "causal, Sq > Sk");
+  Case local;
+  local.wl = 5;
+  local.wr = 3;
+  local.softcap = 2.5f;
+  local.alibi = true;
+  local.Hk = 1;
+  test_against_reference(local, "window + softcap + alibi, MQA");
+  if (g_failures == 0) std::printf("test_capi: all passed\n");
+  return g_failures;
+}
