@@ -8,9 +8,11 @@ the tensors' device.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import _C, _checks
@@ -65,6 +67,23 @@ def _contiguous_small(x: Optional[Tensor]) -> Optional[Tensor]:
     return None if x is None else x.contiguous()
 
 
+def _vector_head_dim(device: torch.device, dtype: torch.dtype, head_dim: int) -> int:
+    """Head dim the kernels see: the GPU tensor-core kernels move 16-byte rows, so fp16/bf16
+    head dims are padded (with zeros, which change no dot product) to a multiple of 8."""
+    if device.type == "cuda" and dtype != torch.float32:
+        return -(-head_dim // 8) * 8
+    return head_dim
+
+
+def _vector_layout(x: Tensor, head_dim: int) -> Tensor:
+    """x with `head_dim` columns (zero-padded) and 16-byte aligned rows, copying only when needed."""
+    if x.shape[-1] != head_dim:
+        return F.pad(x, (0, head_dim - x.shape[-1]))
+    if x.data_ptr() % 16 != 0 or any(st % 8 != 0 for st in x.stride()[:-1]):
+        return x.clone(memory_format=torch.contiguous_format)
+    return x
+
+
 @torch.library.custom_op("fmha::fwd", mutates_args=())
 def fwd(
     q: Tensor, k: Tensor, v: Tensor,
@@ -97,6 +116,11 @@ def fwd(
     else:
         rng_state = torch.zeros(2, dtype=torch.int64)
 
+    head_dim = d.head_dim
+    d_kernel = _vector_head_dim(device, q.dtype, head_dim)
+    if device.type == "cuda" and q.dtype != torch.float32:
+        q, k, v = (_vector_layout(x, d_kernel) for x in (q, k, v))
+        d = dataclasses.replace(d, head_dim=d_kernel)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
     probs = torch.empty(_probs_shape(d) if return_probs else (0,), dtype=q.dtype, device=device)
@@ -111,6 +135,8 @@ def fwd(
         p.probs = _C.Tensor(probs.data_ptr(), probs.stride(0), probs.stride(2), probs.stride(1))
     with _device_guard(device):
         _C.fwd(p, stream_handle(device))
+    if d_kernel != head_dim:
+        out = out[..., :head_dim]
     return out, lse, rng_state, probs
 
 
@@ -153,6 +179,11 @@ def bwd(
     cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
         _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
 
+    head_dim = d.head_dim
+    d_kernel = _vector_head_dim(device, q.dtype, head_dim)
+    if device.type == "cuda" and q.dtype != torch.float32:
+        q, k, v, out, dout = (_vector_layout(x, d_kernel) for x in (q, k, v, out, dout))
+        d = dataclasses.replace(d, head_dim=d_kernel)
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=device)
@@ -168,6 +199,8 @@ def bwd(
     p.workspace, p.workspace_size = ptr(workspace), workspace.numel()
     with _device_guard(device):
         _C.bwd(p, stream_handle(device))
+    if d_kernel != head_dim:
+        dq, dk, dv = (x[..., :head_dim] for x in (dq, dk, dv))
     return dq, dk, dv
 
 

@@ -1,0 +1,414 @@
+// Attention backward on sm80+ (FlashAttention-2, Algorithm 2), from the forward's LSE:
+//   P = exp(S - LSE), dV = dropout(P)^T dO, dP = dropout(dO V^T), dS = P (dP - D),
+//   dK = scale * dS^T Q, dQ = scale * dS K,  with D = rowsum(dO * O) - dLSE.
+//
+// bwd_kernel: a CTA owns kBlockN keys of one KV head and walks over every query block that
+// sees them, for every query head sharing that KV head (GQA sums in registers, no atomics
+// for dK/dV).  With atomic_dq it also adds dQ into an fp32 workspace with atomics; without
+// it, bwd_dq_kernel computes dQ query-block by query-block, so the result is bitwise
+// deterministic (at the price of recomputing S and dP).
+#pragma once
+
+#include <math.h>
+
+#include "../common/dropout.h"
+#include "../common/sequence.h"
+#include "../common/softmax.h"
+#include "fmha/fmha.h"
+#include "launch.h"
+#include "scores.h"
+#include "tile/mma.h"
+#include "tile/smem.h"
+
+namespace fmha {
+namespace cuda {
+
+// kSoftcap is compile-time in the backward (not in the forward) because its gradient needs
+// tanh(s / softcap) kept in registers across the dP product.
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDropout_, bool kSoftcap_>
+struct BwdTraits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kDropout = kDropout_, kSoftcap = kSoftcap_;
+  static constexpr int kNWarps = 8, kThreads = 256;
+  // Warp grids: S and dP are (kBlockM x kBlockN) on 2 x 4 warps; dK and dV (kBlockN x D) on
+  // 4 x 2; dQ (kBlockM x D) on kWM_Q x kWN_Q, with an even number of 8-column blocks each.
+  static constexpr int kWM_S = 2, kWN_S = 4;
+  static constexpr int kMT_S = kBlockM / (16 * kWM_S), kNT_S = kBlockN / (8 * kWN_S);
+  static constexpr int kWM_KV = 4, kWN_KV = 2;
+  static constexpr int kMT_KV = kBlockN / (16 * kWM_KV), kNT_KV = kHeadDim / (8 * kWN_KV);
+  static constexpr int kWN_Q = (kHeadDim / 32) % 2 == 0 ? 4 : 2, kWM_Q = kNWarps / kWN_Q;
+  static constexpr int kMT_Q = kBlockM / (16 * kWM_Q), kNT_Q = kHeadDim / (8 * kWN_Q);
+  static_assert(kMT_S >= 1 && kNT_S % 2 == 0 && kMT_KV >= 1 && kNT_KV % 2 == 0 && kMT_Q >= 1 && kNT_Q % 2 == 0,
+                "backward tile shape");
+  using TileQ = SmemTile<kBlockM, kHeadDim>;
+  using TileKV = SmemTile<kBlockN, kHeadDim>;
+  using TileP = SmemTile<kBlockM, kBlockN>;
+  static constexpr int kSmemBytes =
+      2 * TileKV::kBytes + 2 * kStages * TileQ::kBytes + 2 * TileP::kBytes + 2 * kStages * kBlockM * 4;
+};
+
+// Deterministic dQ: kBlockM query rows (16 per warp) against all their keys.
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kDropout_, bool kSoftcap_>
+struct BwdDqTraits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr bool kDropout = kDropout_, kSoftcap = kSoftcap_;
+  static constexpr int kNWarps = kBlockM / 16, kThreads = kNWarps * 32;
+  static constexpr int kNT = kBlockN / 8, kDT = kHeadDim / 8;
+  using TileQ = SmemTile<kBlockM, kHeadDim>;
+  using TileKV = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kSmemBytes = 2 * TileQ::kBytes + 4 * TileKV::kBytes;
+};
+
+// LSE of a row in log2 units for P = exp2(S - LSE): +inf for a row that saw no key (its
+// scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
+__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+// Index into the fp32 dQ accumulator: (row of q) x Hq x kHeadDim.
+__device__ __forceinline__ int64_t dq_accum_index(const fmha_problem& pr, const Sequence& seq, int i, int h,
+                                                  int head_dim_padded) {
+  const int64_t row = seq.varlen ? seq.q_row0 + i : (int64_t)seq.batch * pr.seqlen_q + i;
+  return (row * pr.num_heads_q + h) * head_dim_padded;
+}
+
+// From P (scores already exp2'd) and dP to dropout(P) and dS, in place:
+// p <- dropout(P) (for dV), dp <- dS = P (dropout(dP) - D) * softcap'.
+template <bool kDropout, bool kSoftcap, int MT, int NT>
+__device__ __forceinline__ void make_ds(float (&p)[MT][NT][4], float (&dp)[MT][NT][4], const float (&th)[MT][NT][4],
+                                        const float (&delta)[MT][2], const DropoutParams& drop,
+                                        uint32_t bh, int i0, int row_stride, int j0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      U32x4 bits{};
+      if (kDropout) bits = drop.group_bits(bh, i0 + m * row_stride + g, j0 + n * 8 + 2 * t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int nn = n + h;
+          float z = 1.f;
+          if (kDropout) {
+            const int i = i0 + m * row_stride + g + 8 * (e / 2), j = j0 + nn * 8 + 2 * t + (e % 2);
+            z = DropoutParams::element_bits(bits, i, j) < drop.threshold ? drop.scale : 0.f;
+          }
+          const float pv = p[m][nn][e];
+          float ds = pv * (dp[m][nn][e] * z - delta[m][e / 2]);
+          if (kSoftcap) ds *= 1.f - th[m][nn][e] * th[m][nn][e];
+          dp[m][nn][e] = ds;
+          p[m][nn][e] = pv * z;
+        }
+    }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant__ fmha_bwd_params p, float* dq_accum,
+                                                          const float* delta_ws, bool atomic_dq) {
+  using T = typename K::T;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
+  using TileQ = typename K::TileQ;
+  using TileKV = typename K::TileKV;
+  using TileP = typename K::TileP;
+
+  const fmha_problem& pr = p.problem;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::get(pr, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= seq.k_rows) return;
+  const int group = pr.num_heads_q / pr.num_heads_k;
+  const int d = pr.head_dim;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4;
+
+  extern __shared__ __align__(128) char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + TileKV::kElems;
+  T* sQ = sV + TileKV::kElems;                // [kStages]
+  T* sdO = sQ + kStages * TileQ::kElems;      // [kStages]
+  T* sP = sdO + kStages * TileQ::kElems;
+  T* sdS = sP + TileP::kElems;
+  float* sLse = reinterpret_cast<float*>(sdS + TileP::kElems);  // [kStages][kBlockM]
+  float* sDelta = sLse + kStages * kBlockM;                     // [kStages][kBlockM]
+
+  const T* q = static_cast<const T*>(p.q.data);
+  const T* k = static_cast<const T*>(p.k.data);
+  const T* v = static_cast<const T*>(p.v.data);
+  const T* dout = static_cast<const T*>(p.dout.data);
+  const TileCopy<TileQ, K::kThreads> copy_q(tid);
+  const TileCopy<TileKV, K::kThreads> copy_kv(tid);
+  copy_kv.load_async(sK, k + seq.k_offset(p.k, n0, hk), p.k.row_stride, seq.len_k - n0, d, k);
+  copy_kv.load_async(sV, v + seq.k_offset(p.v, n0, hk), p.v.row_stride, seq.len_k - n0, d, v);
+
+  const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
+                                               pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+  int m_begin = 0, n_m = 0;
+  if (n0 < seq.len_k) {
+    m_begin = geom.query_begin(n0) / kBlockM;
+    n_m = max(0, (geom.query_end(min(n0 + kBlockN, seq.len_k)) + kBlockM - 1) / kBlockM - m_begin);
+  }
+  const int n_iters = group * n_m;
+
+  // Loads query block `it` (head hk * group + it / n_m, block m_begin + it % n_m) into its stage.
+  auto issue = [&](int it) {
+    const int h = hk * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+    const int st = it % kStages;
+    copy_q.load_async(sQ + st * TileQ::kElems, q + seq.q_offset(p.q, m0, h), p.q.row_stride, seq.len_q - m0, d, q);
+    copy_q.load_async(sdO + st * TileQ::kElems, dout + seq.q_offset(p.dout, m0, h), p.dout.row_stride,
+                      seq.len_q - m0, d, dout);
+    if (tid < kBlockM) {
+      const bool ok = m0 + tid < seq.len_q;
+      const int64_t idx = ok ? seq.lse_index(pr, m0 + tid, h) : 0;
+      cp_async_4(sLse + st * kBlockM + tid, p.lse + idx, ok ? 4 : 0);
+      cp_async_4(sDelta + st * kBlockM + tid, delta_ws + idx, ok ? 4 : 0);
+    }
+  };
+  if (n_iters > 0) issue(0);
+  cp_async_commit();
+
+  // Warp placements.
+  const int s_row0 = (warp % K::kWM_S) * 16, s_col0 = (warp / K::kWM_S) * 8 * K::kNT_S;
+  constexpr int kSRowStride = 16 * K::kWM_S;
+  const int kv_row0 = (warp % K::kWM_KV) * 16, kv_col0 = (warp / K::kWM_KV) * 8 * K::kNT_KV;
+  constexpr int kKVRowStride = 16 * K::kWM_KV;
+  const int q_row0 = (warp % K::kWM_Q) * 16, q_col0 = (warp / K::kWM_Q) * 8 * K::kNT_Q;
+  constexpr int kQRowStride = 16 * K::kWM_Q;
+
+  const auto b_k = ldsm_b<TileKV>(sK, lane);
+  const auto b_v = ldsm_b<TileKV>(sV, lane);
+  const auto bt_k = ldsm_bt<TileKV>(sK, lane);
+  const auto at_p = ldsm_at<TileP>(sP, lane);
+  const auto at_ds = ldsm_at<TileP>(sdS, lane);
+  const auto a_ds = ldsm_a<TileP>(sdS, lane);
+
+  float acc_dk[K::kMT_KV][K::kNT_KV][4], acc_dv[K::kMT_KV][K::kNT_KV][4];
+  clear(acc_dk);
+  clear(acc_dv);
+  const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
+  const int dpad = D;
+
+  for (int it = 0; it < n_iters; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();  // this stage landed; every warp is done with the previous iteration
+    if (kStages == 2 && it + 1 < n_iters) issue(it + 1);
+    cp_async_commit();
+    const int st = it % kStages;
+    const int h = hk * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+    const T* sQs = sQ + st * TileQ::kElems;
+    const T* sdOs = sdO + st * TileQ::kElems;
+    const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+
+    // S = Q K^T -> P = exp2(S - LSE).
+    float acc_s[K::kMT_S][K::kNT_S][4], th[K::kMT_S][K::kNT_S][4];
+    clear(acc_s);
+    gemm<D, false, false, TileQ, TileKV, K::kMT_S, K::kNT_S, T>(acc_s, ldsm_a<TileQ>(sQs, lane), s_row0,
+                                                               kSRowStride, b_k, s_col0);
+    score.apply<K::kSoftcap>(acc_s, th, m0 + s_row0, kSRowStride, n0 + s_col0, lane,
+                      score.needs_mask(m0, m0 + kBlockM, n0, kBlockN));
+    float delta[K::kMT_S][2];
+#pragma unroll
+    for (int m = 0; m < K::kMT_S; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = s_row0 + m * kSRowStride + g + 8 * r;
+        const float lse = lse_log2(sLse[st * kBlockM + row]);
+        delta[m][r] = sDelta[st * kBlockM + row];
+#pragma unroll
+        for (int n = 0; n < K::kNT_S; ++n)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) acc_s[m][n][e] = fast_exp2(acc_s[m][n][e] - lse);
+      }
+
+    // dP = dO V^T, then dS; P and dS go to shared memory for the transposed products.
+    float acc_dp[K::kMT_S][K::kNT_S][4];
+    clear(acc_dp);
+    gemm<D, false, false, TileQ, TileKV, K::kMT_S, K::kNT_S, T>(acc_dp, ldsm_a<TileQ>(sdOs, lane), s_row0,
+                                                               kSRowStride, b_v, s_col0);
+    make_ds<K::kDropout, K::kSoftcap>(acc_s, acc_dp, th, delta, drop,
+                         (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h, m0 + s_row0, kSRowStride,
+                         n0 + s_col0, lane);
+    store_acc<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
+    store_acc<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+    __syncthreads();
+
+    // dV += dropout(P)^T dO, dK += dS^T Q (scaled at the end).
+    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dv, at_p, kv_row0, kKVRowStride,
+                                                                    ldsm_bt<TileQ>(sdOs, lane), kv_col0);
+    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, kv_row0, kKVRowStride,
+                                                                    ldsm_bt<TileQ>(sQs, lane), kv_col0);
+
+    // dQ += dS K into the fp32 workspace (scaled by the postprocess kernel).
+    if (atomic_dq) {
+      float acc_dq[K::kMT_Q][K::kNT_Q][4];
+      clear(acc_dq);
+      gemm<kBlockN, false, true, TileP, TileKV, K::kMT_Q, K::kNT_Q, T>(acc_dq, a_ds, q_row0, kQRowStride, bt_k,
+                                                                      q_col0);
+#pragma unroll
+      for (int m = 0; m < K::kMT_Q; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = m0 + q_row0 + m * kQRowStride + g + 8 * r;
+          if (i >= seq.len_q) continue;
+          float* row = dq_accum + dq_accum_index(pr, seq, i, h, dpad);
+#pragma unroll
+          for (int n = 0; n < K::kNT_Q; ++n) {
+            const int c = q_col0 + n * 8 + 2 * (lane % 4);
+            if (c < d) {
+              atomicAdd(row + c, acc_dq[m][n][2 * r]);
+              atomicAdd(row + c + 1, acc_dq[m][n][2 * r + 1]);
+            }
+          }
+        }
+    }
+    if (kStages == 1 && it + 1 < n_iters) {
+      __syncthreads();  // every warp is done with this stage
+      issue(it + 1);
+      cp_async_commit();
+    }
+  }
+
+  // Epilogue: dK = scale * acc_dk, dV; out through shared memory (sK, sV are free now).
+  cp_async_wait<0>();
+#pragma unroll
+  for (int m = 0; m < K::kMT_KV; ++m)
+#pragma unroll
+    for (int n = 0; n < K::kNT_KV; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[m][n][e] *= pr.scale;
+  __syncthreads();
+  store_acc<TileKV>(sK, acc_dk, kv_row0, kKVRowStride, kv_col0, lane);
+  store_acc<TileKV>(sV, acc_dv, kv_row0, kKVRowStride, kv_col0, lane);
+  __syncthreads();
+  const int rows = min(kBlockN, seq.k_rows - n0);
+  copy_kv.store(static_cast<T*>(p.dk.data) + seq.k_offset(p.dk, n0, hk), p.dk.row_stride, sK, rows, d);
+  copy_kv.store(static_cast<T*>(p.dv.data) + seq.k_offset(p.dv, n0, hk), p.dv.row_stride, sV, rows, d);
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const __grid_constant__ fmha_bwd_params p,
+                                                             const float* delta_ws) {
+  using T = typename K::T;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kNT = K::kNT, kDT = K::kDT;
+  using TileQ = typename K::TileQ;
+  using TileKV = typename K::TileKV;
+
+  const fmha_problem& pr = p.problem;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::get(pr, b);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seq.len_q) return;
+  const int m1 = min(m0 + kBlockM, seq.len_q);
+  const int hk = h / (pr.num_heads_q / pr.num_heads_k);
+  const int d = pr.head_dim;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4;
+
+  const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
+                                               pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+  const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+  const int n_begin = geom.key_begin(m0) / kBlockN;
+  const int n_end = (geom.key_end(m1) + kBlockN - 1) / kBlockN;
+
+  extern __shared__ __align__(128) char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + TileQ::kElems;
+  T* sK = sdO + TileQ::kElems;  // [2] stages, then sV [2]
+  T* sV = sK + 2 * TileKV::kElems;
+
+  const T* q = static_cast<const T*>(p.q.data);
+  const T* k = static_cast<const T*>(p.k.data);
+  const T* v = static_cast<const T*>(p.v.data);
+  const T* dout = static_cast<const T*>(p.dout.data);
+  const TileCopy<TileQ, K::kThreads> copy_q(tid);
+  const TileCopy<TileKV, K::kThreads> copy_kv(tid);
+  copy_q.load_async(sQ, q + seq.q_offset(p.q, m0, h), p.q.row_stride, m1 - m0, d, q);
+  copy_q.load_async(sdO, dout + seq.q_offset(p.dout, m0, h), p.dout.row_stride, m1 - m0, d, dout);
+  auto issue = [&](int n_block) {
+    const int n0 = n_block * kBlockN, st = n_block % 2;
+    copy_kv.load_async(sK + st * TileKV::kElems, k + seq.k_offset(p.k, n0, hk), p.k.row_stride, seq.len_k - n0, d, k);
+    copy_kv.load_async(sV + st * TileKV::kElems, v + seq.k_offset(p.v, n0, hk), p.v.row_stride, seq.len_k - n0, d, v);
+  };
+  if (n_begin < n_end) issue(n_end - 1);
+  cp_async_commit();
+
+  const int row0 = warp * 16;
+  float lse[2], delta[1][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = m0 + row0 + g + 8 * r;
+    const int64_t idx = seq.lse_index(pr, min(i, m1 - 1), h);
+    lse[r] = i < m1 ? lse_log2(p.lse[idx]) : INFINITY;
+    delta[0][r] = i < m1 ? delta_ws[idx] : 0.f;
+  }
+  const auto a_q = ldsm_a<TileQ>(sQ, lane);
+  const auto a_do = ldsm_a<TileQ>(sdO, lane);
+  const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
+  const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
+  float acc_dq[1][kDT][4];
+  clear(acc_dq);
+
+  for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
+    const int n0 = n_block * kBlockN, st = n_block % 2;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j, V_j landed; every warp is done with block j + 1
+    if (n_block > n_begin) issue(n_block - 1);
+    cp_async_commit();
+    const T* sKs = sK + st * TileKV::kElems;
+    const T* sVs = sV + st * TileKV::kElems;
+
+    float acc_s[1][kNT][4], th[1][kNT][4], acc_dp[1][kNT][4];
+    clear(acc_s);
+    gemm<K::kHeadDim, false, false, TileQ, TileKV, 1, kNT, T>(acc_s, a_q, row0, 0, ldsm_b<TileKV>(sKs, lane), 0);
+    score.apply<K::kSoftcap>(acc_s, th, m0 + row0, 0, n0, lane, score.needs_mask(m0, m0 + kBlockM, n0, kBlockN));
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[0][n][e] = fast_exp2(acc_s[0][n][e] - lse[e / 2]);
+    clear(acc_dp);
+    gemm<K::kHeadDim, false, false, TileQ, TileKV, 1, kNT, T>(acc_dp, a_do, row0, 0, ldsm_b<TileKV>(sVs, lane), 0);
+    make_ds<K::kDropout, K::kSoftcap>(acc_s, acc_dp, th, delta, drop, bh, m0 + row0, 0, n0, lane);
+    uint32_t a_ds[1][kNT / 2][4];
+    acc_to_a<T>(a_ds, acc_dp);
+    gemm_rs<TileKV, 1, kNT / 2, kDT, T>(acc_dq, a_ds, ldsm_bt<TileKV>(sKs, lane), 0, 0);
+  }
+
+  cp_async_wait<0>();
+#pragma unroll
+  for (int n = 0; n < kDT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dq[0][n][e] *= pr.scale;
+  __syncthreads();
+  store_acc<TileQ>(sQ, acc_dq, row0, 0, 0, lane);
+  __syncthreads();
+  copy_q.store(static_cast<T*>(p.dq.data) + seq.q_offset(p.dq, m0, h), p.dq.row_stride, sQ, m1 - m0, d);
+}
+
+template <class Traits>
+void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool atomic_dq, cudaStream_t stream) {
+  const fmha_problem& pr = p.problem;
+  const int n_blocks = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  if (n_blocks == 0 || pr.batch == 0) return;
+  const dim3 grid(n_blocks, pr.num_heads_k, pr.batch);
+  auto kernel = bwd_kernel<Traits>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, dq_accum, delta, atomic_dq);
+  check_cuda(cudaGetLastError(), "bwd_kernel launch");
+}
+
+template <class Traits>
+void run_bwd_dq(const fmha_bwd_params& p, const float* delta, cudaStream_t stream) {
+  const fmha_problem& pr = p.problem;
+  const int m_blocks = (pr.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_blocks == 0 || pr.batch == 0) return;
+  const dim3 grid(m_blocks, pr.num_heads_q, pr.batch);
+  auto kernel = bwd_dq_kernel<Traits>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, delta);
+  check_cuda(cudaGetLastError(), "bwd_dq_kernel launch");
+}
+
+}  // namespace cuda
+}  // namespace fmha

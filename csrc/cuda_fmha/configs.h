@@ -1,0 +1,43 @@
+// Tile configuration of every kernel, by head dimension: the one place tile sizes are
+// chosen.  Sizes follow FlashAttention-2's sm80 choices (its kernel traits), checked
+// against our register reports (docs/tuning.md); all fit sm80/sm90 shared memory.
+#pragma once
+
+#include "bwd_kernel.h"
+#include "fwd_kernel.h"
+
+namespace fmha {
+namespace cuda {
+
+// Head dimensions with kernels; others run padded to the next one (multiple of 8 first).
+constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
+
+template <int D>
+struct FwdTile;  // kBlockM, kBlockN, kNWarps
+template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
+template <> struct FwdTile<256> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
+
+template <int D>
+struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
+template <> struct BwdTile<32> { static constexpr int kM = 128, kN = 128, kStages = 2; };
+template <> struct BwdTile<64> { static constexpr int kM = 128, kN = 128, kStages = 2; };
+template <> struct BwdTile<96> { static constexpr int kM = 64, kN = 128, kStages = 2; };
+template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStages = 2; };
+template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
+template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
+
+template <class T, int D, bool kDropout>
+using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
+
+template <class T, int D, bool kDropout, bool kSoftcap>
+using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kSoftcap>;
+
+template <class T, int D, bool kDropout, bool kSoftcap>
+using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kSoftcap>;
+
+}  // namespace cuda
+}  // namespace fmha

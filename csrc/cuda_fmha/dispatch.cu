@@ -1,0 +1,241 @@
+// The CUDA backend's entry points: checks what only this backend needs (layout, shared
+// memory), then maps runtime values (dtype, head dim, dropout, softcap, determinism) to a
+// compiled instance, plus the small kernels around it.  The instances are declared in
+// instances/instances.h and compiled one per translation unit.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "../common/backend.h"
+#include "../common/error.h"
+#include "instances/instances.h"
+#include "launch.h"
+#include "rowwise.h"
+
+namespace fmha {
+namespace cuda {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, cudaGetErrorString(err)));
+}
+
+void set_max_smem(const void* kernel, int bytes) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({kernel, device})) return;
+  int limit = 0;
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  if (bytes > limit)
+    FMHA_UNSUPPORTED("this kernel needs %d KB of shared memory per block, but the GPU allows %d KB; smaller "
+                     "tiles for this GPU are not built yet (use a head dimension <= 128)",
+                     bytes / 1024, limit / 1024);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  done.insert({kernel, device});
+}
+
+namespace {
+
+constexpr int kThreadsRow = 32 * kRowWarps;
+
+int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+// Tensor-core kernels read and write 16-byte rows: 16-byte aligned pointers, strides and a
+// head dim in multiples of 8 elements.  The Python package pads and copies to get there.
+void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes) {
+  const int vec = 16 / elem_bytes;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.row_stride % vec != 0 || t.head_stride % vec != 0 ||
+      t.batch_stride % vec != 0)
+    FMHA_UNSUPPORTED("the CUDA kernels need %s 16-byte aligned with row, head and batch strides multiple of %d "
+                     "elements (got %p, strides %lld, %lld, %lld)",
+                     name, vec, t.data, (long long)t.row_stride, (long long)t.head_stride, (long long)t.batch_stride);
+  if (head_dim % vec != 0)
+    FMHA_UNSUPPORTED("the CUDA kernels need head_dim to be a multiple of %d (got %d); pad the head dimension",
+                     vec, head_dim);
+}
+
+int padded_head_dim(int d) {
+  for (int hd : kHeadDims)
+    if (d <= hd) return hd;
+  return 0;  // unreachable: validate() bounds head_dim by FMHA_MAX_HEAD_DIM
+}
+
+int64_t q_rows(const fmha_problem& p) {
+  return p.cu_seqlens_q ? (int64_t)p.total_q : (int64_t)p.batch * p.seqlen_q;
+}
+int64_t lse_elems(const fmha_problem& p) { return q_rows(p) * p.num_heads_q; }
+
+template <class T, int D>
+void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  if (p.problem.dropout_p > 0.f)
+    run_fwd<FwdConfig<T, D, true>>(p, s);
+  else
+    run_fwd<FwdConfig<T, D, false>>(p, s);
+}
+
+template <class T>
+void fwd_tensor_core(const fmha_fwd_params& p, cudaStream_t s) {
+  switch (padded_head_dim(p.problem.head_dim)) {
+    case 32: return fwd_instance<T, 32>(p, s);
+    case 64: return fwd_instance<T, 64>(p, s);
+    case 96: return fwd_instance<T, 96>(p, s);
+    case 128: return fwd_instance<T, 128>(p, s);
+    case 192: return fwd_instance<T, 192>(p, s);
+    default: return fwd_instance<T, 256>(p, s);
+  }
+}
+
+template <class T, int D, bool kDropout, bool kSoftcap>
+void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+  run_bwd<BwdConfig<T, D, kDropout, kSoftcap>>(p, dq_accum, delta, !p.deterministic, s);
+  if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, kDropout, kSoftcap>>(p, delta, s);
+}
+
+template <class T, int D>
+void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+  const bool drop = p.problem.dropout_p > 0.f, cap = p.problem.softcap > 0.f;
+  if (drop && cap) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
+  if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
+  if (cap) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);
+  return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
+}
+
+template <class T>
+void bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+  switch (padded_head_dim(p.problem.head_dim)) {
+    case 32: return bwd_features<T, 32>(p, dq_accum, delta, s);
+    case 64: return bwd_features<T, 64>(p, dq_accum, delta, s);
+    case 96: return bwd_features<T, 96>(p, dq_accum, delta, s);
+    case 128: return bwd_features<T, 128>(p, dq_accum, delta, s);
+    case 192: return bwd_features<T, 192>(p, dq_accum, delta, s);
+    default: return bwd_features<T, 256>(p, dq_accum, delta, s);
+  }
+}
+
+dim3 row_grid(int64_t rows, int heads, int batch) { return dim3(ceil_div(rows, kRowWarps), heads, batch); }
+
+template <class T>
+void fwd_typed(const fmha_fwd_params& p, cudaStream_t s) {
+  const fmha_problem& pr = p.problem;
+  if (pr.batch == 0 || pr.seqlen_q == 0) return;
+  if constexpr (sizeof(T) == 4) {
+    rowwise_fwd_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p);
+    check_cuda(cudaGetLastError(), "rowwise_fwd_kernel launch");
+  } else {
+    fwd_tensor_core<T>(p, s);
+  }
+  if (pr.cu_seqlens_q != nullptr && pr.total_q > 0) {
+    zero_outside_kernel<T><<<dim3(ceil_div(pr.total_q, kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
+        p.out, p.lse, pr.cu_seqlens_q, pr.batch, pr.total_q, pr.head_dim);
+    check_cuda(cudaGetLastError(), "zero_outside_kernel launch");
+  }
+  if (p.probs.data != nullptr) {
+    probs_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p);
+    check_cuda(cudaGetLastError(), "probs_kernel launch");
+  }
+}
+
+// Workspace: delta (LSE layout) then, for the atomic dQ path, the fp32 dQ accumulator.
+size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
+size_t dq_accum_bytes(const fmha_bwd_params& p) {
+  if (p.problem.dtype == FMHA_DTYPE_FLOAT32 || p.deterministic) return 0;
+  return (size_t)q_rows(p.problem) * p.problem.num_heads_q * padded_head_dim(p.problem.head_dim) * 4;
+}
+
+template <class T>
+void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
+  const fmha_problem& pr = p.problem;
+  if (pr.batch == 0) return;
+  float* delta = static_cast<float*>(p.workspace);
+  float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + delta_bytes(pr));
+  if (pr.seqlen_q > 0) {
+    bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
+    check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
+  }
+  if constexpr (sizeof(T) == 4) {
+    if (pr.seqlen_q > 0) {
+      rowwise_bwd_dq_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
+      check_cuda(cudaGetLastError(), "rowwise_bwd_dq_kernel launch");
+    }
+    if (pr.seqlen_k > 0) {
+      rowwise_bwd_dkdv_kernel<T><<<row_grid(pr.seqlen_k, pr.num_heads_k, pr.batch), kThreadsRow, 0, s>>>(p, delta);
+      check_cuda(cudaGetLastError(), "rowwise_bwd_dkdv_kernel launch");
+    }
+  } else {
+    const size_t accum = dq_accum_bytes(p);
+    if (accum > 0) check_cuda(cudaMemsetAsync(dq_accum, 0, accum, s), "cudaMemsetAsync(dq_accum)");
+    bwd_tensor_core<T>(p, dq_accum, delta, s);
+    if (accum > 0 && q_rows(pr) > 0) {
+      dq_convert_kernel<T><<<dim3(ceil_div(q_rows(pr), kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
+          p, dq_accum, q_rows(pr), padded_head_dim(pr.head_dim));
+      check_cuda(cudaGetLastError(), "dq_convert_kernel launch");
+    }
+  }
+  if (pr.cu_seqlens_q != nullptr) {
+    const bool dq_written_everywhere = sizeof(T) != 4 && dq_accum_bytes(p) > 0;
+    if (!dq_written_everywhere && pr.total_q > 0) {
+      zero_outside_kernel<T><<<dim3(ceil_div(pr.total_q, kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
+          p.dq, nullptr, pr.cu_seqlens_q, pr.batch, pr.total_q, pr.head_dim);
+      check_cuda(cudaGetLastError(), "zero_outside_kernel launch");
+    }
+    if (pr.total_k > 0) {
+      for (const fmha_tensor* t : {&p.dk, &p.dv}) {
+        zero_outside_kernel<T><<<dim3(ceil_div(pr.total_k, kRowWarps), pr.num_heads_k), kThreadsRow, 0, s>>>(
+            *t, nullptr, pr.cu_seqlens_k, pr.batch, pr.total_k, pr.head_dim);
+        check_cuda(cudaGetLastError(), "zero_outside_kernel launch");
+      }
+    }
+  }
+}
+
+int elem_bytes(fmha_dtype t) { return t == FMHA_DTYPE_FLOAT32 ? 4 : 2; }
+
+}  // namespace
+
+void fwd(const fmha_fwd_params& p, void* stream) {
+  const fmha_problem& pr = p.problem;
+  if (pr.dtype != FMHA_DTYPE_FLOAT32) {
+    for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}})
+      check_vector_layout(*t, name, pr.head_dim, elem_bytes(pr.dtype));
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (pr.dtype) {
+    case FMHA_DTYPE_FLOAT16: return fwd_typed<__half>(p, s);
+    case FMHA_DTYPE_BFLOAT16: return fwd_typed<__nv_bfloat16>(p, s);
+    default: return fwd_typed<float>(p, s);
+  }
+}
+
+size_t bwd_workspace_size(const fmha_bwd_params& p) { return delta_bytes(p.problem) + dq_accum_bytes(p); }
+
+void bwd(const fmha_bwd_params& p, void* stream) {
+  const fmha_problem& pr = p.problem;
+  if (pr.dtype != FMHA_DTYPE_FLOAT32) {
+    for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}, {&p.dout, "dout"},
+                           {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}})
+      check_vector_layout(*t, name, pr.head_dim, elem_bytes(pr.dtype));
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (pr.dtype) {
+    case FMHA_DTYPE_FLOAT16: return bwd_typed<__half>(p, s);
+    case FMHA_DTYPE_BFLOAT16: return bwd_typed<__nv_bfloat16>(p, s);
+    default: return bwd_typed<float>(p, s);
+  }
+}
+
+void capabilities(fmha_capabilities* caps) {
+  caps->available = 1;
+  caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
+  caps->max_head_dim = FMHA_MAX_HEAD_DIM;
+  caps->features = FMHA_FEATURE_BACKWARD | FMHA_FEATURE_VARLEN | FMHA_FEATURE_GQA | FMHA_FEATURE_WINDOW |
+                   FMHA_FEATURE_SOFTCAP | FMHA_FEATURE_ALIBI | FMHA_FEATURE_DROPOUT | FMHA_FEATURE_DETERMINISTIC;
+  snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_CUDA_ARCH_LIST);
+}
+
+}  // namespace cuda
+}  // namespace fmha

@@ -1,0 +1,219 @@
+// Attention forward on sm80+ (FlashAttention-2, Algorithm 1): a CTA owns kBlockM query rows
+// of one (sequence, head) and streams the visible K/V blocks through shared memory,
+// keeping the output accumulator and the online-softmax statistics in registers.
+//
+// Pipeline per key block (one K and one V buffer, loads overlapped with math):
+//   wait K_j | issue V_j | S = Q K_j^T, scores, mask | wait V_j | issue K_{j-1} |
+//   online softmax | dropout | O += P V_j
+// Blocks are visited from the last to the first, so the blocks that need masking under a
+// causal mask come first and the rest skip the per-element test.
+#pragma once
+
+#include <math.h>
+
+#include "../common/dropout.h"
+#include "../common/sequence.h"
+#include "../common/softmax.h"
+#include "fmha/fmha.h"
+#include "scores.h"
+#include "tile/mma.h"
+#include "tile/smem.h"
+
+namespace fmha {
+namespace cuda {
+
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kDropout_>
+struct FwdTraits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
+  static constexpr bool kDropout = kDropout_;
+  static constexpr int kThreads = kNWarps * 32;
+  static constexpr int kMT = kBlockM / (16 * kNWarps);  // 16-row blocks per warp
+  static constexpr int kNT = kBlockN / 8;               // 8-column blocks of S per warp
+  static constexpr int kDT = kHeadDim / 8;              // 8-column blocks of O per warp
+  static_assert(kBlockM % (16 * kNWarps) == 0 && kBlockN % 16 == 0 && kHeadDim % 32 == 0, "tile shape");
+  using TileQ = SmemTile<kBlockM, kHeadDim>;
+  using TileKV = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kSmemBytes = TileQ::kBytes + 2 * TileKV::kBytes;
+};
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant__ fmha_fwd_params p) {
+  using T = typename K::T;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kMT = K::kMT, kNT = K::kNT, kDT = K::kDT;
+  using TileQ = typename K::TileQ;
+  using TileKV = typename K::TileKV;
+
+  const fmha_problem& pr = p.problem;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks start first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::get(pr, b);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seq.len_q) return;
+  const int m1 = min(m0 + kBlockM, seq.len_q);
+  const int hk = h / (pr.num_heads_q / pr.num_heads_k);
+  const int d = pr.head_dim;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+
+  const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
+                                               pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+  const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+  const int n_begin = geom.key_begin(m0) / kBlockN;
+  const int n_end = (geom.key_end(m1) + kBlockN - 1) / kBlockN;
+
+  extern __shared__ __align__(128) char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + TileQ::kElems;
+  T* sV = sK + TileKV::kElems;
+
+  const T* q = static_cast<const T*>(p.q.data);
+  const T* k = static_cast<const T*>(p.k.data);
+  const T* v = static_cast<const T*>(p.v.data);
+  const T* gQ = q + seq.q_offset(p.q, m0, h);
+  const T* gK = k + seq.k_offset(p.k, 0, hk);
+  const T* gV = v + seq.k_offset(p.v, 0, hk);
+  const TileCopy<TileQ, K::kThreads> copy_q(tid);
+  const TileCopy<TileKV, K::kThreads> copy_kv(tid);
+  auto load_k = [&](int n_block) {
+    const int n0 = n_block * kBlockN;
+    copy_kv.load_async(sK, gK + n0 * p.k.row_stride, p.k.row_stride, seq.len_k - n0, d, k);
+  };
+  auto load_v = [&](int n_block) {
+    const int n0 = n_block * kBlockN;
+    copy_kv.load_async(sV, gV + n0 * p.v.row_stride, p.v.row_stride, seq.len_k - n0, d, v);
+  };
+
+  copy_q.load_async(sQ, gQ, p.q.row_stride, m1 - m0, d, q);
+  if (n_begin < n_end) load_k(n_end - 1);
+  cp_async_commit();
+
+  // This warp's rows: m0 + row0 + m * kRowStride + {g, g + 8}.
+  constexpr int kRowStride = 16 * K::kNWarps;
+  const int row0 = warp * 16;
+  float acc_o[kMT][kDT][4];
+  clear(acc_o);
+  float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_max[m][r] = -INFINITY, row_sum[m][r] = 0.f;
+
+  const auto a_q = ldsm_a<TileQ>(sQ, lane);
+  const auto b_k = ldsm_b<TileKV>(sK, lane);
+  const auto bt_v = ldsm_bt<TileKV>(sV, lane);
+  const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
+  const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
+
+  for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
+    const int n0 = n_block * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j landed; every warp is done with V_{j+1}
+    load_v(n_block);
+    cp_async_commit();
+
+    // S = Q K^T, then scores in log2 units (Algorithm 1, line 9).
+    float acc_s[kMT][kNT][4];
+    clear(acc_s);
+    gemm<K::kHeadDim, false, false, TileQ, TileKV, kMT, kNT, T>(acc_s, a_q, row0, kRowStride, b_k, 0);
+    score.apply(acc_s, m0 + row0, kRowStride, n0, lane, score.needs_mask(m0, m1, n0, kBlockN));
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_j landed; every warp is done with K_j
+    if (n_block > n_begin) {
+      load_k(n_block - 1);
+      cp_async_commit();
+    }
+
+    // Online softmax (lines 10-11): new row max, rescale O and the row sum, P = exp2(S - m).
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[m][r];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
+        mx = quad_max(mx);
+        const float rescale = softmax_rescale(row_max[m][r], mx);
+        const float ref = softmax_ref_max(mx);
+        row_max[m][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[m][n][e] = fast_exp2(acc_s[m][n][e] - ref);
+            sum += acc_s[m][n][e];
+          }
+        row_sum[m][r] = row_sum[m][r] * rescale + sum;
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= rescale, acc_o[m][n][2 * r + 1] *= rescale;
+      }
+
+    // Dropout zeroes P after the row sum; the 1 / (1 - p) scale is applied once at the end.
+    if (K::kDropout) {
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int n = 0; n < kNT; n += 2) {
+          const int i = m0 + row0 + m * kRowStride + g, j = n0 + n * 8 + 2 * t;
+          const U32x4 bits = drop.group_bits(bh, i, j);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int ii = i + 8 * (e / 2), jj = j + (e % 2);
+            if (DropoutParams::element_bits(bits, ii, jj) >= drop.threshold) acc_s[m][n][e] = 0.f;
+            if (DropoutParams::element_bits(bits, ii, jj + 8) >= drop.threshold) acc_s[m][n + 1][e] = 0.f;
+          }
+        }
+    }
+
+    // O += P V (line 12).
+    uint32_t a_p[kMT][kNT / 2][4];
+    acc_to_a<T>(a_p, acc_s);
+    gemm_rs<TileKV, kMT, kNT / 2, kDT, T>(acc_o, a_p, bt_v, 0, 0);
+  }
+
+  // Epilogue (lines 14-15): O / l, LSE; O goes out through shared memory in 16-byte rows.
+  cp_async_wait<0>();
+  const float drop_scale = K::kDropout ? drop.scale : 1.f;
+  float* lse = p.lse;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(row_sum[m][r]);
+      const float inv = softmax_inv_sum(l) * drop_scale;
+#pragma unroll
+      for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= inv, acc_o[m][n][2 * r + 1] *= inv;
+      const int i = m0 + row0 + m * kRowStride + g + 8 * r;
+      if (lse != nullptr && t == 0 && i < m1) lse[seq.lse_index(pr, i, h)] = softmax_lse(row_max[m][r], l);
+    }
+  __syncthreads();  // the loop's last reads of sQ are done in every warp
+  store_acc<TileQ>(sQ, acc_o, row0, kRowStride, 0, lane);
+  __syncthreads();
+  T* gO = static_cast<T*>(p.out.data) + seq.q_offset(p.out, m0, h);
+  copy_q.store(gO, p.out.row_stride, sQ, m1 - m0, d);
+}
+
+}  // namespace cuda
+}  // namespace fmha
+
+#include "launch.h"
+
+namespace fmha {
+namespace cuda {
+
+template <class Traits>
+void run_fwd(const fmha_fwd_params& p, cudaStream_t stream) {
+  const fmha_problem& pr = p.problem;
+  const int m_blocks = (pr.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_blocks == 0 || pr.batch == 0) return;
+  const dim3 grid(m_blocks, pr.num_heads_q, pr.batch);
+  auto kernel = fwd_kernel<Traits>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "fwd_kernel launch");
+}
+
+}  // namespace cuda
+}  // namespace fmha

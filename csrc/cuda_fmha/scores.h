@@ -1,0 +1,99 @@
+// From raw q.k accumulators to scores in log2 units: scale, softcap, ALiBi and the mask
+// geometry of csrc/common/, applied to a warp's accumulator tile.  Shared by the forward
+// and backward kernels so both see exactly the same scores.
+#pragma once
+
+#include <math.h>
+
+#include "../common/mask.h"
+#include "../common/softmax.h"
+#include "tile/ptx.h"
+
+namespace fmha {
+namespace cuda {
+
+struct ScoreMod {
+  float scale_log2;   // scale * log2(e)
+  float softcap_in;   // scale / softcap
+  float softcap_out;  // softcap * log2(e)
+  float slope_log2;   // ALiBi slope * log2(e), 0 without ALiBi
+  bool softcap;
+  MaskGeometry geom;
+
+  __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
+    ScoreMod s;
+    s.scale_log2 = p.scale * kLog2e;
+    s.softcap = p.softcap > 0.f;
+    s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
+    s.softcap_out = p.softcap * kLog2e;
+    s.slope_log2 = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    s.geom = geom;
+    return s;
+  }
+
+  // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the
+  // window band, the end of the keys or the end of the queries.
+  __device__ __forceinline__ bool needs_mask(int m0, int m1, int n0, int kN) const {
+    return n0 + kN > geom.seqlen_k || m1 > geom.seqlen_q || !geom.tile_fully_visible(m0, m1, n0, n0 + kN);
+  }
+
+  // acc[m][n][e] (raw q.k of row i, key j) -> score * log2(e), or -inf where masked.  The
+  // warp's 16-row blocks start at rows row0 + m * row_stride; columns at n0.  With
+  // kKeepTanh, th receives tanh(s / softcap) for the softcap gradient.  Each option is a
+  // separate pass so that the uniform branch sits outside the unrolled loops.
+  template <bool kKeepTanh, int MT, int NT>
+  __device__ __forceinline__ void apply(float (&acc)[MT][NT][4], float (&th)[MT][NT][4], int row0, int row_stride,
+                                        int n0, int lane, bool mask) const {
+    const int g = lane / 4, t = lane % 4;
+    if (softcap) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float tanh_x = fast_tanh(acc[m][n][e] * softcap_in);
+            if (kKeepTanh) th[m][n][e] = tanh_x;
+            acc[m][n][e] = tanh_x * softcap_out;
+          }
+    } else {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][n][e] *= scale_log2;
+    }
+    if (slope_log2 != 0.f) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = row0 + m * row_stride + g + 8 * (e / 2), j = n0 + n * 8 + 2 * t + (e % 2);
+            acc[m][n][e] -= slope_log2 * geom.alibi_distance(i, j);
+          }
+    }
+    if (mask) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = row0 + m * row_stride + g + 8 * (e / 2), j = n0 + n * 8 + 2 * t + (e % 2);
+            if (!(i < geom.seqlen_q && j < geom.seqlen_k && geom.visible(i, j))) acc[m][n][e] = -INFINITY;
+          }
+    }
+  }
+
+  template <int MT, int NT>
+  __device__ __forceinline__ void apply(float (&acc)[MT][NT][4], int row0, int row_stride, int n0, int lane,
+                                        bool mask) const {
+    apply<false>(acc, acc, row0, row_stride, n0, lane, mask);
+  }
+};
+
+}  // namespace cuda
+}  // namespace fmha

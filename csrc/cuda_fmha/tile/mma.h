@@ -1,0 +1,166 @@
+// Warp-level matrix products on mma.sync m16n8k16 with fp32 accumulators.
+//
+// An accumulator tile float[MT][NT][4] is (16 MT) x (8 NT) per warp; lane l holds, of each
+// 16x8 block, rows g = l / 4 and g + 8, columns 2t and 2t + 1 (t = l % 4): elements
+// [0], [1] on row g and [2], [3] on row g + 8.  Operands come from swizzled shared tiles
+// (smem.h) through ldmatrix, or, for P and dS, straight from accumulators: the accumulator
+// of two adjacent 16x8 blocks is exactly an A fragment of one 16x16 block.
+#pragma once
+
+#include <stdint.h>
+
+#include "ptx.h"
+#include "smem.h"
+
+namespace fmha {
+namespace cuda {
+
+// The ldmatrix address of one lane for one access pattern of a tile.  A pattern puts the
+// lane's row at r0 + l % 8 + 8 * row_bit and its 16-byte chunk at c0 / 8 + chunk_bit.  With
+// r0 a multiple of 8 and c0 of 16, the swizzle reduces to XOR of the chunk with a per-lane
+// constant z, and (c0 / 8) ^ z = (c0 / 8 & ~7) + ((c0 / 8 & 7) ^ z): four per-lane offsets
+// and compile-time constants, instead of one live register per (row, column) visited.
+template <class Tile>
+struct LdsmAddr {
+  uint32_t base;
+  uint32_t xor_off[4];
+
+  __device__ __forceinline__ LdsmAddr(const void* tile, int row_bit, int chunk_bit, int lane) {
+    const int r = lane % 8 + 8 * row_bit;
+    base = smem_addr(tile) + r * Tile::kColsC * 2;
+    const int z = chunk_bit ^ Tile::swizzle(r);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xor_off[j] = ((2 * j) ^ z) * 16;
+  }
+  __device__ __forceinline__ uint32_t operator()(int r0, int c0) const {
+    const int kc = c0 / 8;
+    return base + r0 * Tile::kColsC * 2 + (kc & ~7) * 16 + xor_off[(kc & 7) / 2];
+  }
+};
+
+// The four access patterns (see ldmatrix's fragment layouts):
+//  A: 16x16 at (r0, c0) of a tile stored [m][k]             rows +8 for matrices 1, 3
+//  At: A (16 m x 16 k) of the transpose of a tile [k][m]     at (k0, m0): rows +8 for 2, 3
+//  B: two 8-column n-blocks x 16 k of a tile stored [n][k]  at (n0, k0): rows +8 for 2, 3
+//  Bt: the same from a tile stored [k][n]                   at (k0, n0): rows +8 for 1, 3
+template <class Tile>
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_a(const void* s, int lane) {
+  return LdsmAddr<Tile>(s, (lane / 8) % 2, lane / 16, lane);
+}
+template <class Tile>
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_at(const void* s, int lane) {
+  return LdsmAddr<Tile>(s, lane / 16, (lane / 8) % 2, lane);
+}
+template <class Tile>
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_b(const void* s, int lane) {
+  return LdsmAddr<Tile>(s, lane / 16, (lane / 8) % 2, lane);
+}
+template <class Tile>
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_bt(const void* s, int lane) {
+  return LdsmAddr<Tile>(s, (lane / 8) % 2, lane / 16, lane);
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void clear(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+}
+
+// acc += A B^T over k in [0, K): A (ldsm_a pattern, [m][k]) has this warp's 16-row blocks
+// at rows a_row0 + m * a_stride; B (ldsm_b pattern, [n][k]) the NT * 8 rows from b_row0.
+// Works as well for A^T (ldsm_at pattern on a [k][m] tile, a_row0/a_stride in m) with
+// kTransA, and for B stored [k][n] (ldsm_bt pattern, b_row0 in n) with kTransB.
+template <int K, bool kTransA, bool kTransB, class TA, class TB, int MT, int NT, class T>
+__device__ __forceinline__ void gemm(float (&acc)[MT][NT][4], const LdsmAddr<TA>& a_addr, int a_row0, int a_stride,
+                                     const LdsmAddr<TB>& b_addr, int b_row0) {
+  static_assert(NT % 2 == 0 && K % 16 == 0, "n in pairs of 8-column blocks, k in steps of 16");
+#pragma unroll
+  for (int k = 0; k < K; k += 16) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (kTransA)
+        ldmatrix_x4_trans(a[m], a_addr(k, a_row0 + m * a_stride));
+      else
+        ldmatrix_x4(a[m], a_addr(a_row0 + m * a_stride, k));
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t b[4];
+      if (kTransB)
+        ldmatrix_x4_trans(b, b_addr(k, b_row0 + n * 8));
+      else
+        ldmatrix_x4(b, b_addr(b_row0 + n * 8, k));
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma_16816<T>(acc[m][n], a[m], b[0], b[1]);
+        mma_16816<T>(acc[m][n + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// A fragments (MT x NT/2 of them) from fp32 accumulators, rounded to T.
+template <class T, int MT, int NT>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[MT][NT / 2][4], const float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int k = 0; k < NT / 2; ++k) {
+      a[m][k][0] = pack2<T>(acc[m][2 * k][0], acc[m][2 * k][1]);
+      a[m][k][1] = pack2<T>(acc[m][2 * k][2], acc[m][2 * k][3]);
+      a[m][k][2] = pack2<T>(acc[m][2 * k + 1][0], acc[m][2 * k + 1][1]);
+      a[m][k][3] = pack2<T>(acc[m][2 * k + 1][2], acc[m][2 * k + 1][3]);
+    }
+}
+
+// acc += A B: A in registers (MT x KT fragments), B from a tile stored [k][n] (ldsm_bt
+// pattern), k rows from b_row0, NT * 8 columns from n0.
+template <class TB, int MT, int KT, int NT, class T>
+__device__ __forceinline__ void gemm_rs(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][KT][4],
+                                        const LdsmAddr<TB>& b_addr, int b_row0, int n0) {
+#pragma unroll
+  for (int k = 0; k < KT; ++k)
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_addr(b_row0 + k * 16, n0 + n * 8));
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma_16816<T>(acc[m][n], a[m][k], b[0], b[1]);
+        mma_16816<T>(acc[m][n + 1], a[m][k], b[2], b[3]);
+      }
+    }
+}
+
+// Writes an accumulator tile, rounded to T, into a shared tile at rows r0 + m * r_stride
+// (+ g, g + 8) and columns c0 + 8 n (+ 2t).
+template <class Tile, class T, int MT, int NT>
+__device__ __forceinline__ void store_acc(T* s, const float (&acc)[MT][NT][4], int r0, int r_stride, int c0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int r = r0 + m * r_stride + g, c = c0 + n * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(s + Tile::offset(r, c)) = pack2<T>(acc[m][n][0], acc[m][n][1]);
+      *reinterpret_cast<uint32_t*>(s + Tile::offset(r + 8, c)) = pack2<T>(acc[m][n][2], acc[m][n][3]);
+    }
+}
+
+// Row reductions over the four lanes that share a row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace cuda
+}  // namespace fmha

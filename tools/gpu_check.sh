@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a GPU machine (the device tool's H200): build fmha, run the GPU half of the test suite
+# and the benchmark, with logs and results under $OUT.  Usage:
+#   OUT=/tmp/out tools/gpu_check.sh [quick|full] [extra pytest args...]
+set -uo pipefail
+OUT=${OUT:-gpu-check-out}
+MODE=${1:-quick}
+shift || true
+mkdir -p "$OUT"
+export FMHA_CUDA_ARCHS=${FMHA_CUDA_ARCHS:-90}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+start=$(date +%s)
+if ! pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+echo "build (FMHA_CUDA_ARCHS=$FMHA_CUDA_ARCHS): $(( $(date +%s) - start )) s, $(grep -c 'spilled' "$OUT/build.log") kernels with spills"
+
+start=$(date +%s)
+FMHA_REQUIRE_GPU=1 python -m pytest tests -q -k cuda --tb=short --maxfail=40 -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
+echo "GPU tests: exit $?, $(( $(date +%s) - start )) s: $(tail -1 "$OUT/tests.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
+
+if [ "$MODE" = full ]; then
+  python -m fmha.bench --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+else
+  python -m fmha.bench --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+fi
+echo "bench: exit $?"
+tail -30 "$OUT/bench.log"
