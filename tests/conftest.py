@@ -139,23 +139,23 @@ GRAD_TOL = {dt: 3 * tol for dt, tol in OUT_TOL.items()}
 LSE_TOL = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-4}
 
 
-def rel_err(actual, ref):
-    """||actual - ref|| / ||ref|| in float64; inf when actual has a NaN/inf (NaN never
-    passes) or when ref is all zero and actual is not."""
+def rel_err(actual, ref, floor=0.0):
+    """||actual - ref|| / max(||ref||, floor) in float64; inf when actual has a NaN/inf (NaN
+    never passes) or when the denominator is 0 and actual differs from ref."""
     a = actual.detach().to("cpu", torch.float64)
     r = ref.detach().to("cpu", torch.float64)
     assert a.shape == r.shape, f"shape {tuple(a.shape)} != reference shape {tuple(r.shape)}"
     if not torch.isfinite(a).all():
         return math.inf
     diff = (a - r).norm().item()
-    denom = r.norm().item()
+    denom = max(r.norm().item(), floor)
     if denom == 0:
         return 0.0 if diff == 0 else math.inf
     return diff / denom
 
 
-def assert_close(actual, ref, tol, what):
-    err = rel_err(actual, ref)
+def assert_close(actual, ref, tol, what, floor=0.0):
+    err = rel_err(actual, ref, floor)
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
 
 
@@ -190,7 +190,7 @@ def to_cpu(x):
     return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 
-def assert_matches_cpu_backend(results, cpu_results, tols):
+def assert_matches_cpu_backend(results, cpu_results, tols, floor=0.0):
     """A GPU result against the CPU backend's on the same inputs: each is within its
     tolerance of the reference, so they must be within twice that of each other."""
     for name, tol in tols.items():
@@ -198,7 +198,7 @@ def assert_matches_cpu_backend(results, cpu_results, tols):
         if name == "lse":
             assert_lse_close(a, b, 2 * tol, f"{name} (GPU vs CPU backend)")
         else:
-            assert_close(a, b, 2 * tol, f"{name} (GPU vs CPU backend)")
+            assert_close(a, b, 2 * tol, f"{name} (GPU vs CPU backend)", floor=floor if name != "out" else 0.0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -318,14 +318,18 @@ def check_backward(device, q, k, v, call, ref_kwargs, dout=None):
     res = run(device)
     ref_out, ref_lse, dq, dk, dv = attention_ref_grads(q, k, v, dout, **ref_kwargs)
     assert_close(res["out"], ref_out, OUT_TOL[dtype], "out")
+    # A gradient can be exactly 0 in float64 while rounding leaves a tiny one (one visible
+    # key: dS = P (dO.v - dO.o) with o = v).  Its error is then measured against the other
+    # gradients' size: rounding errors of dS scale with |dO| |V|, as dV's size does.
+    floor = max(g.norm().item() for g in (dq, dk, dv))
     for name, ref in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert res[name].dtype == dtype, f"{name} dtype {res[name].dtype}"
-        assert_close(res[name], ref, GRAD_TOL[dtype], name)
+        assert_close(res[name], ref, GRAD_TOL[dtype], name, floor=1e-2 * floor)
     assert_zero_where(res["dq"], empty_query_rows(ref_lse, varlen), "dq of rows that see no key")
     if device != "cpu":
         tols = {"out": OUT_TOL[dtype], "dq": GRAD_TOL[dtype], "dk": GRAD_TOL[dtype],
                 "dv": GRAD_TOL[dtype]}
-        assert_matches_cpu_backend(res, run("cpu"), tols)
+        assert_matches_cpu_backend(res, run("cpu"), tols, floor=1e-2 * floor)
     return res
 
 

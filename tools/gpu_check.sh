@@ -13,20 +13,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 cat "$OUT/gpu.txt"
 
 start=$(date +%s)
-if ! pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
 echo "build (FMHA_CUDA_ARCHS=$FMHA_CUDA_ARCHS): $(( $(date +%s) - start )) s, $(grep -c 'spilled' "$OUT/build.log") kernels with spills"
 
 start=$(date +%s)
-FMHA_REQUIRE_GPU=1 python -m pytest tests -q -k cuda --tb=short --maxfail=40 -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
+FMHA_REQUIRE_GPU=1 python3 -m pytest tests -q -k cuda --tb=short --maxfail=40 -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
 echo "GPU tests: exit $?, $(( $(date +%s) - start )) s: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
 
 if [ "$MODE" = full ]; then
-  python -m fmha.bench --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  python3 -m fmha.bench --out "$OUT/bench" > "$OUT/bench.log" 2>&1
 else
-  python -m fmha.bench --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  python3 -m fmha.bench --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1
 fi
 echo "bench: exit $?"
 tail -30 "$OUT/bench.log"

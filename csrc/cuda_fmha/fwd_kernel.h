@@ -130,10 +130,10 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = row_max[m][r];
+        float mx = -INFINITY;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
-        mx = quad_max(mx);
+        mx = fmaxf(row_max[m][r], quad_max(mx) * score.post_scale);
         const float rescale = softmax_rescale(row_max[m][r], mx);
         const float ref = softmax_ref_max(mx);
         row_max[m][r] = mx;
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            acc_s[m][n][e] = fast_exp2(acc_s[m][n][e] - ref);
+            acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -ref));
             sum += acc_s[m][n][e];
           }
         row_sum[m][r] = row_sum[m][r] * rescale + sum;

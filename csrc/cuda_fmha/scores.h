@@ -18,6 +18,11 @@ struct ScoreMod {
   float softcap_out;  // softcap * log2(e)
   float slope_log2;   // ALiBi slope * log2(e), 0 without ALiBi
   bool softcap;
+  // Plain scores (no softcap, no ALiBi, scale > 0) stay raw q.k after apply(): the softmax
+  // folds scale * log2(e) into its exp2 as one FMA (exp2(x * post_scale - max)), and the
+  // row max of raw scores is the row max of scaled ones.  Otherwise post_scale is 1.
+  bool fold_scale;
+  float post_scale;
   MaskGeometry geom;
 
   __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
@@ -27,6 +32,8 @@ struct ScoreMod {
     s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
     s.softcap_out = p.softcap * kLog2e;
     s.slope_log2 = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
+    s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
     s.geom = geom;
     return s;
   }
@@ -37,7 +44,8 @@ struct ScoreMod {
     return n0 + kN > geom.seqlen_k || m1 > geom.seqlen_q || !geom.tile_fully_visible(m0, m1, n0, n0 + kN);
   }
 
-  // acc[m][n][e] (raw q.k of row i, key j) -> score * log2(e), or -inf where masked.  The
+  // acc[m][n][e] (raw q.k of row i, key j) -> score * log2(e) / post_scale, or -inf where
+  // masked.  The
   // warp's 16-row blocks start at rows row0 + m * row_stride; columns at n0.  With
   // kKeepTanh, th receives tanh(s / softcap) for the softcap gradient.  Each option is a
   // separate pass so that the uniform branch sits outside the unrolled loops.
@@ -56,7 +64,7 @@ struct ScoreMod {
             if (kKeepTanh) th[m][n][e] = tanh_x;
             acc[m][n][e] = tanh_x * softcap_out;
           }
-    } else {
+    } else if (!fold_scale) {
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
