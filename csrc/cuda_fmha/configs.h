@@ -1,6 +1,6 @@
 // Tile configuration of every kernel, by head dimension: the one place tile sizes are
-// chosen.  Sizes follow FlashAttention-2's sm80 choices (its kernel traits), checked
-// against our register reports (docs/tuning.md); all fit sm80/sm90 shared memory.
+// chosen.  Start points were FlashAttention-2's sm80 choices; the ones kept won on an H200
+// in tools/tune/tune_kernels.cu (docs/tuning.md).  All fit sm80/sm90 shared memory.
 #pragma once
 
 #include "bwd_kernel.h"
@@ -15,11 +15,11 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 template <int D>
 struct FwdTile;  // kBlockM, kBlockN, kNWarps
 template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
-template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
 template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
 template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
 template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
-template <> struct FwdTile<256> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
+template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4; };
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
@@ -28,7 +28,7 @@ template <> struct BwdTile<64> { static constexpr int kM = 128, kN = 128, kStage
 template <> struct BwdTile<96> { static constexpr int kM = 64, kN = 128, kStages = 2; };
 template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStages = 2; };
 template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
-template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
+template <> struct BwdTile<256> { static constexpr int kM = 32, kN = 64, kStages = 2; };
 
 template <class T, int D, bool kDropout>
 using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;

@@ -18,29 +18,32 @@ def _sync(device: torch.device) -> None:
 def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, warmup: int = 3,
               min_runs: int = 10, budget_s: float = 1.0) -> float:
     """Median time of one call in milliseconds.  ``fns`` are equivalent calls on different
-    input sets, cycled through so that no run reuses the previous run's data."""
+    input sets, cycled through so that no run reuses the previous run's data.  On a GPU each
+    call sits between two events and calls are queued back to back (as triton's do_bench
+    does), so the host's launch work overlaps the previous call and the events measure the
+    device's time."""
     for i in range(warmup):
         fns[i % len(fns)]()
     _sync(device)
-    times = []
     start = time.perf_counter()
-    i = 0
-    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < 1000):
-        fn = fns[i % len(fns)]
-        i += 1
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fns[0]()
+    _sync(device)
+    one = max(time.perf_counter() - start, 1e-6)
+    runs = int(min(1000, max(min_runs, budget_s / one)))
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+        for i, (begin, end) in enumerate(events):
             begin.record()
-            fn()
+            fns[i % len(fns)]()
             end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end))
-        else:
+        torch.cuda.synchronize(device)
+        times = [b.elapsed_time(e) for b, e in events]
+    else:
+        times = []
+        for i in range(runs):
             t0 = time.perf_counter()
-            fn()
+            fns[i % len(fns)]()
             times.append((time.perf_counter() - t0) * 1e3)
-        if time.perf_counter() - start > 10 * budget_s:
-            break
     return statistics.median(times)
 
 

@@ -1,0 +1,148 @@
+// Times candidate tile configurations of the forward and backward kernels on one GPU, on
+// the benchmark's shapes, without going through the library's dispatch.  Build and run on
+// the GPU machine (see tools/tune/README.md):
+//   nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -Icsrc -Icsrc/include \
+//        tools/tune/tune_kernels.cu -o /tmp/tune && /tmp/tune
+// Numbers only compare configurations with each other; the benchmark (python -m fmha.bench)
+// is what compares fmha with its peers.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "cuda_fmha/bwd_kernel.h"
+#include "cuda_fmha/fwd_kernel.h"
+
+namespace fmha {
+namespace cuda {
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+void set_max_smem(const void* kernel, int bytes) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
+}
+}  // namespace cuda
+}  // namespace fmha
+
+using namespace fmha;
+using namespace fmha::cuda;
+using T = __nv_bfloat16;
+
+__global__ void fill(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
+  }
+}
+
+struct Shape {
+  int B, S, H, D;
+  bool causal;
+};
+
+struct Buffers {
+  T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *delta, *dq_accum;
+};
+
+fmha_problem problem(const Shape& s) {
+  fmha_problem pr{};
+  pr.window_left = -1;
+  pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+  pr.dtype = FMHA_DTYPE_BFLOAT16;
+  pr.batch = s.B;
+  pr.seqlen_q = pr.seqlen_k = s.S;
+  pr.num_heads_q = pr.num_heads_k = s.H;
+  pr.head_dim = s.D;
+  pr.scale = 1.f / sqrtf((float)s.D);
+  pr.window_right = s.causal ? 0 : -1;
+  return pr;
+}
+
+fmha_tensor view(T* x, const Shape& s) {
+  return fmha_tensor{x, (int64_t)s.S * s.H * s.D, (int64_t)s.H * s.D, s.D};
+}
+
+template <class F>
+float time_ms(F&& f, int reps = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a);
+  for (int i = 0; i < reps; ++i) f();
+  cudaEventRecord(b);
+  check_cuda(cudaEventSynchronize(b), "run");
+  float ms;
+  cudaEventElapsedTime(&ms, a, b);
+  return ms / reps;
+}
+
+double flops_fwd(const Shape& s) { return 4.0 * s.B * s.H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1); }
+
+template <class K>
+void fwd(const char* name, const Shape& s, Buffers& buf) {
+  if (K::kHeadDim != s.D) return;
+  fmha_fwd_params p{};
+  p.struct_size = sizeof(p);
+  p.device = FMHA_DEVICE_CUDA;
+  p.problem = problem(s);
+  p.q = view(buf.q, s), p.k = view(buf.k, s), p.v = view(buf.v, s), p.out = view(buf.o, s);
+  p.lse = buf.lse;
+  const float ms = time_ms([&] { run_fwd<K>(p, 0); });
+  std::printf("fwd     %-28s B=%-3d S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s\n", name, s.B, s.S, s.D,
+              s.causal ? "causal" : "      ", ms, flops_fwd(s) / ms / 1e9);
+}
+
+template <class K>
+void bwd(const char* name, const Shape& s, Buffers& buf) {
+  if (K::kHeadDim != s.D) return;
+  fmha_bwd_params p{};
+  p.struct_size = sizeof(p);
+  p.device = FMHA_DEVICE_CUDA;
+  p.problem = problem(s);
+  p.q = view(buf.q, s), p.k = view(buf.k, s), p.v = view(buf.v, s), p.out = view(buf.o, s);
+  p.dout = view(buf.dout, s), p.dq = view(buf.dq, s), p.dk = view(buf.dk, s), p.dv = view(buf.dv, s);
+  p.lse = buf.lse;
+  const size_t accum = (size_t)s.B * s.S * s.H * s.D * 4;
+  const float ms = time_ms([&] {
+    cudaMemsetAsync(buf.dq_accum, 0, accum);
+    run_bwd<K>(p, buf.dq_accum, buf.delta, true, 0);
+  });
+  std::printf("bwd     %-28s B=%-3d S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s (2.5x fwd flops)\n", name, s.B, s.S,
+              s.D, s.causal ? "causal" : "      ", ms, 2.5 * flops_fwd(s) / ms / 1e9);
+}
+
+#define FWD(D, M, N, W) fwd<FwdTraits<T, D, M, N, W, false>>("fwd " #M "x" #N " " #W "w", s, buf)
+#define BWD(D, M, N, ST) bwd<BwdTraits<T, D, M, N, ST, false, false>>("bwd " #M "x" #N " st" #ST, s, buf)
+
+int main() {
+  const std::vector<Shape> shapes = {{16, 1024, 16, 128, false}, {4, 4096, 16, 128, false}, {4, 4096, 16, 128, true},
+                                     {16, 1024, 32, 64, false},  {4, 4096, 32, 64, false},  {4, 4096, 8, 256, false}};
+  const size_t max_elems = (size_t)4 * 4096 * 32 * 64;
+  Buffers buf;
+  for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
+    check_cuda(cudaMalloc(x, max_elems * sizeof(T)), "cudaMalloc");
+    fill<<<1024, 256>>>(*x, max_elems, (uint32_t)(uintptr_t)x);
+  }
+  check_cuda(cudaMalloc(&buf.lse, max_elems / 64 * 4), "cudaMalloc");
+  check_cuda(cudaMalloc(&buf.delta, max_elems / 64 * 4), "cudaMalloc");
+  check_cuda(cudaMalloc(&buf.dq_accum, max_elems * 4), "cudaMalloc");
+  cudaMemset(buf.delta, 0, max_elems / 64 * 4);
+  for (const Shape& s : shapes) {
+    FWD(128, 128, 64, 4);
+    FWD(64, 128, 128, 4);
+    FWD(256, 64, 64, 4);
+    // The forward leaves this shape's LSE in buf.lse for the backward.
+    BWD(128, 64, 128, 2);
+    BWD(64, 128, 128, 2);
+    BWD(256, 32, 64, 2);
+  }
+  return 0;
+}
