@@ -233,12 +233,14 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
     store_acc<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
     __syncthreads();
 
-    // dV += dropout(P)^T dO; dQ += dS K (atomics, issued before the dK product so that
-    // their latency hides behind it); dK += dS^T Q (scaled at the end).
+    // dV += dropout(P)^T dO, dK += dS^T Q (scaled at the end).
     gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dv, at_p, kv_row0, kKVRowStride,
                                                                     ldsm_bt<TileQ>(sdOs, lane), kv_col0);
+    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, kv_row0, kKVRowStride,
+                                                                    ldsm_bt<TileQ>(sQs, lane), kv_col0);
 
-    if (atomic_dq) {  // the fp32 workspace, scaled by the postprocess kernel
+    // dQ += dS K into the fp32 workspace (scaled by the postprocess kernel).
+    if (atomic_dq) {
       float acc_dq[K::kMT_Q][K::kNT_Q][4];
       clear(acc_dq);
       gemm<kBlockN, false, true, TileP, TileKV, K::kMT_Q, K::kNT_Q, T>(acc_dq, a_ds, q_row0, kQRowStride, bt_k,
@@ -260,8 +262,6 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
           }
         }
     }
-    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, kv_row0, kKVRowStride,
-                                                                    ldsm_bt<TileQ>(sQs, lane), kv_col0);
     if (kStages == 1 && it + 1 < n_iters) {
       __syncthreads();  // every warp is done with this stage
       issue(it + 1);

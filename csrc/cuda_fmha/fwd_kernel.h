@@ -93,12 +93,11 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
   const int row0 = warp * 16;
   float acc_o[kMT][kDT][4];
   clear(acc_o);
-  // Running row max m_i and row sum l_i (Algorithm 1's m and l), base 2.
-  float m_i[kMT][2], l_i[kMT][2];
+  float row_max[kMT][2], row_sum[kMT][2];
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) m_i[m][r] = -INFINITY, l_i[m][r] = 0.f;
+    for (int r = 0; r < 2; ++r) row_max[m][r] = -INFINITY, row_sum[m][r] = 0.f;
 
   const auto a_q = ldsm_a<TileQ>(sQ, lane);
   const auto b_k = ldsm_b<TileKV>(sK, lane);
@@ -131,15 +130,22 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float mx = fmaxf(m_i[m][r], quad_max(row_max(acc_s[m], r)) * score.post_scale);
-        const float rescale = softmax_rescale(m_i[m][r], mx);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
+        mx = fmaxf(row_max[m][r], quad_max(mx) * score.post_scale);
+        const float rescale = softmax_rescale(row_max[m][r], mx);
         const float ref = softmax_ref_max(mx);
-        m_i[m][r] = mx;
+        row_max[m][r] = mx;
+        float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -ref));
-        l_i[m][r] = l_i[m][r] * rescale + row_sum(acc_s[m], r);
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -ref));
+            sum += acc_s[m][n][e];
+          }
+        row_sum[m][r] = row_sum[m][r] * rescale + sum;
 #pragma unroll
         for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= rescale, acc_o[m][n][2 * r + 1] *= rescale;
       }
@@ -175,12 +181,12 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(l_i[m][r]);
+      const float l = quad_sum(row_sum[m][r]);
       const float inv = softmax_inv_sum(l) * drop_scale;
 #pragma unroll
       for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= inv, acc_o[m][n][2 * r + 1] *= inv;
       const int i = m0 + row0 + m * kRowStride + g + 8 * r;
-      if (lse != nullptr && t == 0 && i < m1) lse[seq.lse_index(pr, i, h)] = softmax_lse(m_i[m][r], l);
+      if (lse != nullptr && t == 0 && i < m1) lse[seq.lse_index(pr, i, h)] = softmax_lse(row_max[m][r], l);
     }
   __syncthreads();  // the loop's last reads of sQ are done in every warp
   store_acc<TileQ>(sQ, acc_o, row0, kRowStride, 0, lane);

@@ -152,31 +152,6 @@ __device__ __forceinline__ void store_acc(T* s, const float (&acc)[MT][NT][4], i
     }
 }
 
-// Max and sum of the two elements of row half r (0: row g, 1: row g + 8) across an
-// accumulator row, as a tree, so the dependent chain is log2(NT) long rather than NT.
-template <int NT>
-__device__ __forceinline__ float row_max(const float (&acc)[NT][4], int r) {
-  float x[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) x[n] = fmaxf(acc[n][2 * r], acc[n][2 * r + 1]);
-#pragma unroll
-  for (int w = NT / 2; w >= 1; w /= 2)
-#pragma unroll
-    for (int n = 0; n < w; ++n) x[n] = fmaxf(x[n], x[n + w]);
-  return x[0];
-}
-template <int NT>
-__device__ __forceinline__ float row_sum(const float (&acc)[NT][4], int r) {
-  float x[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) x[n] = acc[n][2 * r] + acc[n][2 * r + 1];
-#pragma unroll
-  for (int w = NT / 2; w >= 1; w /= 2)
-#pragma unroll
-    for (int n = 0; n < w; ++n) x[n] += x[n + w];
-  return x[0];
-}
-
 // Row reductions over the four lanes that share a row.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -21,7 +21,7 @@ import torch
 
 import fmha
 
-from . import report, timing
+from . import memory, report, timing
 from .peers import Case, peers
 
 
@@ -78,6 +78,8 @@ def time_peer(peer, case: Case, device, mode: str, budget_s: float) -> float:
 
 
 def _commit() -> str:
+    if os.environ.get("FMHA_BENCH_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return os.environ["FMHA_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=os.path.dirname(__file__), check=True).stdout.strip()
@@ -92,15 +94,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes, about a minute on a GPU")
     ap.add_argument("--modes", default="fwd,fwd_bwd", help="comma-separated: fwd, fwd_bwd")
     ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
-    ap.add_argument("--out", default="bench-results", help="folder for the JSON and Markdown results")
+    ap.add_argument("--suites", default="training,memory", help="comma-separated: training, memory")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
+    ap.add_argument("--out", default="bench-results", help="folder for the JSON, Markdown and PNG results")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     if device.type == "cpu" and dtype != torch.float32:
         dtype = torch.float32  # torch's CPU peers are fp32-first; compare like with like
-    budget = 0.3 if args.quick else 1.0
+    budget = args.budget if args.budget is not None else (0.3 if args.quick else 1.0)
     modes = args.modes.split(",")
+    suites = args.suites.split(",")
     all_peers = peers(device)
     if args.peers:
         wanted = set(args.peers.split(",")) | {"fmha"}
@@ -119,7 +124,7 @@ def main(argv=None) -> int:
           f"ceilings: matmul {meta['matmul_tflops']:.3g} TFLOP/s, copy {meta['copy_gbps']:.0f} GB/s")
 
     results = []
-    cases = training_cases(device, args.quick, dtype)
+    cases = training_cases(device, args.quick, dtype) if "training" in suites else []
     for case in _progress(cases, "training shapes"):
         err = check_fmha(case, device)
         tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
@@ -147,6 +152,20 @@ def main(argv=None) -> int:
                 row["skipped"][peer.name] = reason
             results.append(row)
 
+    if "memory" in suites and device.type == "cuda":
+        mem_peers = [p for p in all_peers if p.name in ("fmha", "torch-flash", "torch-efficient", "torch-cudnn",
+                                                         "torch-math")]
+        for case in _progress(memory.cases(args.quick, dtype), "memory"):
+            row = {"suite": "memory", "case": case.label(), "seqlen": case.seqlen, "batch": case.batch,
+                   "heads": case.heads, "head_dim": case.head_dim, "mib": {}, "skipped": {}}
+            for peer in mem_peers:
+                try:
+                    row["mib"][peer.name] = memory.peak_extra_mib(peer, case, device)
+                except (RuntimeError, torch.OutOfMemoryError) as e:
+                    row["skipped"][peer.name] = str(e).splitlines()[0][:80]
+                torch.cuda.empty_cache()
+            results.append(row)
+
     os.makedirs(args.out, exist_ok=True)
     payload = {"meta": meta, "results": results}
     with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -155,7 +174,15 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
     print(report.terminal(payload))
-    print(f"\nwrote {args.out}/results.json and results.md")
+    print(report.memory_terminal(payload))
+    written = ["results.json", "results.md"]
+    try:
+        from . import plots
+
+        written += [os.path.basename(p) for p in plots.write_plots(payload, args.out)]
+    except ImportError:
+        print("(matplotlib is not installed: no plots; pip install 'fmha[bench]')")
+    print(f"\nwrote {', '.join(written)} to {args.out}")
     return 0
 
 

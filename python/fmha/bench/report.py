@@ -9,6 +9,8 @@ def _rows(payload):
     header = ["mode", "shape"] + [f"{p} TFLOP/s" for p in peers] + [f"vs {p}" for p in others]
     rows = []
     for r in payload["results"]:
+        if r["suite"] != "training":
+            continue
         cells = [r["mode"], r["case"]]
         for p in peers:
             cells.append(f"{r['tflops'][p]:.3g}" if p in r["tflops"] else "-")
@@ -36,7 +38,38 @@ def markdown(payload) -> str:
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    mh, mrows = _memory_rows(payload)
+    if mrows:
+        lines += ["", "## Peak extra memory, forward + backward (MiB)", "",
+                  "| " + " | ".join(mh) + " |", "|" + "---|" * len(mh)]
+        lines += ["| " + " | ".join(r) + " |" for r in mrows]
     return "\n".join(lines) + "\n"
+
+
+def _memory_rows(payload):
+    mem = [r for r in payload["results"] if r["suite"] == "memory"]
+    if not mem:
+        return [], []
+    names = [p for p in payload["meta"]["peers"] if any(p in r["mib"] for r in mem)]
+    header = ["shape"] + [f"{p} MiB" for p in names] + [f"{p} / fmha" for p in names if p != "fmha"]
+    rows = []
+    for r in mem:
+        cells = [r["case"]] + [f"{r['mib'][p]:.0f}" if p in r["mib"] else "-" for p in names]
+        for p in names:
+            if p != "fmha":
+                ok = p in r["mib"] and r["mib"].get("fmha")
+                cells.append(f"{r['mib'][p] / r['mib']['fmha']:.1f}x" if ok else "-")
+        rows.append(cells)
+    return header, rows
+
+
+def memory_terminal(payload) -> str:
+    header, rows = _memory_rows(payload)
+    if not rows:
+        return ""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    fmt = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join(["", fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
 def terminal(payload) -> str:
