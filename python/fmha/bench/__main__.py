@@ -77,6 +77,13 @@ def time_peer(peer, case: Case, device, mode: str, budget_s: float) -> float:
         return timing.median_ms(fns, device, budget_s=budget_s)
 
 
+def _checkpoint(out_dir, meta, results) -> None:
+    """Partial results, rewritten after every shape, so a run cut short still leaves data."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.partial.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+
+
 def _commit() -> str:
     if os.environ.get("FMHA_BENCH_COMMIT"):  # a copy of the tree without .git (the GPU machine)
         return os.environ["FMHA_BENCH_COMMIT"]
@@ -151,6 +158,7 @@ def main(argv=None) -> int:
                             torch.cuda.empty_cache()
                 row["skipped"][peer.name] = reason
             results.append(row)
+            _checkpoint(args.out, meta, results)
 
     if "memory" in suites and device.type == "cuda":
         mem_peers = [p for p in all_peers if p.name in ("fmha", "torch-flash", "torch-efficient", "torch-cudnn",
@@ -168,6 +176,9 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     payload = {"meta": meta, "results": results}
+    partial = os.path.join(args.out, "results.partial.json")
+    if os.path.exists(partial):
+        os.remove(partial)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(payload, f, indent=1)
     table = report.markdown(payload)
