@@ -55,6 +55,12 @@ def _flex_peer(device: torch.device) -> Optional[Peer]:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
+    # One compiled graph per shape: without room for every shape of a sweep, dynamo stops
+    # recompiling after its default limit of 8 and runs flex_attention eagerly (far slower).
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 4096)
     compiled = torch.compile(flex_attention, dynamic=False)
     masks = {}
 
