@@ -42,6 +42,18 @@ fmha_status guarded(F&& f) {
   }
 }
 
+template <class Params>
+void init_defaults(Params* p) {
+  if (p == nullptr) return;
+  std::memset(p, 0, sizeof(*p));
+  p->struct_size = sizeof(*p);
+  p->device = FMHA_DEVICE_CPU;
+  p->problem.dtype = FMHA_DTYPE_FLOAT16;
+  p->problem.window_left = -1;
+  p->problem.window_right = -1;
+  p->problem.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+}
+
 size_t bwd_workspace_bytes(const fmha_bwd_params& p) {
   switch (p.device) {
     case FMHA_DEVICE_CPU: return cpu::bwd_workspace_size(p);
@@ -62,27 +74,9 @@ using namespace fmha;
 
 extern "C" {
 
-FMHA_API void fmha_fwd_params_init(fmha_fwd_params* p) {
-  if (p == nullptr) return;
-  std::memset(p, 0, sizeof(*p));
-  p->struct_size = sizeof(*p);
-  p->device = FMHA_DEVICE_CPU;
-  p->problem.dtype = FMHA_DTYPE_FLOAT16;
-  p->problem.window_left = -1;
-  p->problem.window_right = -1;
-  p->problem.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
-}
+FMHA_API void fmha_fwd_params_init(fmha_fwd_params* p) { init_defaults(p); }
 
-FMHA_API void fmha_bwd_params_init(fmha_bwd_params* p) {
-  if (p == nullptr) return;
-  std::memset(p, 0, sizeof(*p));
-  p->struct_size = sizeof(*p);
-  p->device = FMHA_DEVICE_CPU;
-  p->problem.dtype = FMHA_DTYPE_FLOAT16;
-  p->problem.window_left = -1;
-  p->problem.window_right = -1;
-  p->problem.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
-}
+FMHA_API void fmha_bwd_params_init(fmha_bwd_params* p) { init_defaults(p); }
 
 FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream) {
   return guarded([&] {

@@ -9,6 +9,7 @@
 
 #include "fmha/fmha.h"
 #include "macros.h"
+#include "mask.h"
 
 namespace fmha {
 
@@ -66,5 +67,10 @@ struct Sequence {
                   : ((int64_t)batch * p.num_heads_q + h) * p.seqlen_q + i;
   }
 };
+
+// The mask geometry of one sequence of a problem.
+FMHA_HOST_DEVICE MaskGeometry sequence_mask(const fmha_problem& p, const Sequence& s) {
+  return MaskGeometry::make(s.len_q, s.len_k, p.window_left, p.window_right, p.mask_align == FMHA_ALIGN_TOP_LEFT);
+}
 
 }  // namespace fmha

@@ -115,8 +115,7 @@ void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
   caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURE_BACKWARD | FMHA_FEATURE_VARLEN | FMHA_FEATURE_GQA | FMHA_FEATURE_WINDOW |
-                   FMHA_FEATURE_SOFTCAP | FMHA_FEATURE_ALIBI | FMHA_FEATURE_DROPOUT | FMHA_FEATURE_DETERMINISTIC;
+  caps->features = FMHA_FEATURES_ALL;
   caps->archs[0] = '\0';
 }
 

@@ -52,8 +52,7 @@ struct Head {
   Head(const fmha_problem& prob, int32_t b, int32_t h_q)
       : p(prob),
         seq(Sequence::get(prob, b)),
-        geom(MaskGeometry::make(seq.len_q, seq.len_k, prob.window_left, prob.window_right,
-                                prob.mask_align == FMHA_ALIGN_TOP_LEFT)),
+        geom(sequence_mask(prob, seq)),
         score(ScoreParams::make(prob.scale, prob.softcap)),
         drop(DropoutParams::make(prob.dropout_p, prob.seed, prob.offset)),
         dropout(prob.dropout_p > 0.f),

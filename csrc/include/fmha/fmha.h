@@ -165,6 +165,7 @@ typedef struct fmha_bwd_params {
 #define FMHA_FEATURE_ALIBI (1u << 5)
 #define FMHA_FEATURE_DROPOUT (1u << 6)
 #define FMHA_FEATURE_DETERMINISTIC (1u << 7)
+#define FMHA_FEATURES_ALL 0xFFu
 
 typedef struct fmha_capabilities {
   uint32_t struct_size; /* set by the caller to sizeof(fmha_capabilities) */
