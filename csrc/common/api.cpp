@@ -78,6 +78,16 @@ FMHA_API void fmha_fwd_params_init(fmha_fwd_params* p) { init_defaults(p); }
 
 FMHA_API void fmha_bwd_params_init(fmha_bwd_params* p) { init_defaults(p); }
 
+FMHA_API void fmha_decode_params_init(fmha_decode_params* p) {
+  if (p == nullptr) return;
+  std::memset(p, 0, sizeof(*p));
+  p->struct_size = sizeof(*p);
+  p->device = FMHA_DEVICE_CPU;
+  p->dtype = p->cache_dtype = FMHA_DTYPE_FLOAT16;
+  p->window_left = p->window_right = -1;
+  p->rotary_interleaved = 1;
+}
+
 FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream) {
   return guarded([&] {
     const fmha_fwd_params p = read_params(params);
@@ -129,6 +139,27 @@ FMHA_API fmha_status fmha_bwd(const fmha_bwd_params* params, void* stream) {
 #endif
       default: not_built(p.device);
     }
+    (void)stream;
+  });
+}
+
+FMHA_API fmha_status fmha_decode_workspace_size(const fmha_decode_params* params, size_t* bytes) {
+  return guarded([&] {
+    FMHA_REQUIRE(bytes != nullptr, "fmha_decode_workspace_size: bytes is NULL");
+    validate(read_params(params));
+    *bytes = 0;  // the CPU decode needs none; GPU split-KV partials will
+  });
+}
+
+FMHA_API fmha_status fmha_decode(const fmha_decode_params* params, void* stream) {
+  return guarded([&] {
+    const fmha_decode_params p = read_params(params);
+    validate(p);
+    if (p.device != FMHA_DEVICE_CPU)
+      FMHA_UNSUPPORTED("fmha_decode runs on the CPU backend only in this version: GPU decode kernels (paged, "
+                       "split-KV) are not built yet");
+    validate_host_metadata(p);
+    cpu::decode(p);
     (void)stream;
   });
 }

@@ -12,6 +12,7 @@ namespace cpu {
 void fwd(const fmha_fwd_params& p);
 size_t bwd_workspace_size(const fmha_bwd_params& p);
 void bwd(const fmha_bwd_params& p);
+void decode(const fmha_decode_params& p);
 void capabilities(fmha_capabilities* caps);
 }  // namespace cpu
 

@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,6 +14,7 @@ namespace {
 // older header passes a smaller struct_size; the fields it lacks read as zero.
 constexpr uint32_t kFwdParamsV1 = sizeof(fmha_fwd_params);
 constexpr uint32_t kBwdParamsV1 = sizeof(fmha_bwd_params);
+constexpr uint32_t kDecodeParamsV1 = sizeof(fmha_decode_params);
 
 template <class Params>
 Params read_sized(const Params* p, uint32_t v1_size, const char* name) {
@@ -34,21 +36,37 @@ void check_tensor(const fmha_tensor& t, const char* name, bool needed) {
                (long long)t.batch_stride, (long long)t.row_stride, (long long)t.head_stride);
 }
 
-void check_problem(fmha_device device, const fmha_problem& p) {
+void check_device_dtype(fmha_device device, fmha_dtype dtype) {
   FMHA_REQUIRE(device == FMHA_DEVICE_CPU || device == FMHA_DEVICE_CUDA || device == FMHA_DEVICE_HIP,
                "device %d is not one of FMHA_DEVICE_CPU, _CUDA, _HIP", (int)device);
-  FMHA_REQUIRE(p.dtype == FMHA_DTYPE_FLOAT32 || p.dtype == FMHA_DTYPE_FLOAT16 ||
-                   p.dtype == FMHA_DTYPE_BFLOAT16,
-               "dtype %d is not one of FMHA_DTYPE_FLOAT32, _FLOAT16, _BFLOAT16", (int)p.dtype);
-  FMHA_REQUIRE(p.batch >= 0, "batch must be >= 0 (got %d)", p.batch);
+  FMHA_REQUIRE(dtype == FMHA_DTYPE_FLOAT32 || dtype == FMHA_DTYPE_FLOAT16 || dtype == FMHA_DTYPE_BFLOAT16,
+               "dtype %d is not one of FMHA_DTYPE_FLOAT32, _FLOAT16, _BFLOAT16", (int)dtype);
+}
+
+void check_heads(int32_t batch, int32_t heads_q, int32_t heads_k, int32_t head_dim) {
+  FMHA_REQUIRE(batch >= 0, "batch must be >= 0 (got %d)", batch);
+  FMHA_REQUIRE(heads_q >= 1 && heads_k >= 1, "num_heads_q and num_heads_k must be >= 1 (got %d, %d)", heads_q,
+               heads_k);
+  FMHA_REQUIRE(heads_q % heads_k == 0, "num_heads_q (%d) must be a multiple of num_heads_k (%d)", heads_q, heads_k);
+  FMHA_REQUIRE(head_dim >= 1 && head_dim <= FMHA_MAX_HEAD_DIM, "head_dim must be between 1 and %d (got %d)",
+               FMHA_MAX_HEAD_DIM, head_dim);
+}
+
+void check_scores(float scale, float softcap, int32_t window_left, int32_t window_right, int64_t alibi_batch_stride) {
+  FMHA_REQUIRE(std::isfinite(scale), "scale must be finite (got %g)", (double)scale);
+  FMHA_REQUIRE(std::isfinite(softcap) && softcap >= 0.f, "softcap must be finite and >= 0, 0 disabling it (got %g)",
+               (double)softcap);
+  FMHA_REQUIRE(window_left >= -1 && window_right >= -1,
+               "window_left and window_right must be >= -1, -1 meaning unbounded (got %d, %d)", window_left,
+               window_right);
+  FMHA_REQUIRE(alibi_batch_stride >= 0, "alibi_batch_stride must be >= 0 (got %lld)", (long long)alibi_batch_stride);
+}
+
+void check_problem(fmha_device device, const fmha_problem& p) {
+  check_device_dtype(device, p.dtype);
+  check_heads(p.batch, p.num_heads_q, p.num_heads_k, p.head_dim);
   FMHA_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0 (got %d, %d)",
                p.seqlen_q, p.seqlen_k);
-  FMHA_REQUIRE(p.num_heads_q >= 1 && p.num_heads_k >= 1,
-               "num_heads_q and num_heads_k must be >= 1 (got %d, %d)", p.num_heads_q, p.num_heads_k);
-  FMHA_REQUIRE(p.num_heads_q % p.num_heads_k == 0,
-               "num_heads_q (%d) must be a multiple of num_heads_k (%d)", p.num_heads_q, p.num_heads_k);
-  FMHA_REQUIRE(p.head_dim >= 1 && p.head_dim <= FMHA_MAX_HEAD_DIM,
-               "head_dim must be between 1 and %d (got %d)", FMHA_MAX_HEAD_DIM, p.head_dim);
   const bool varlen = p.cu_seqlens_q != nullptr;
   FMHA_REQUIRE(varlen == (p.cu_seqlens_k != nullptr),
                "cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both be NULL");
@@ -56,16 +74,9 @@ void check_problem(fmha_device device, const fmha_problem& p) {
     FMHA_REQUIRE(p.total_q >= 0 && p.total_k >= 0, "total_q and total_k must be >= 0 (got %d, %d)",
                  p.total_q, p.total_k);
   }
-  FMHA_REQUIRE(std::isfinite(p.scale), "scale must be finite (got %g)", (double)p.scale);
-  FMHA_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.f,
-               "softcap must be finite and >= 0, 0 disabling it (got %g)", (double)p.softcap);
-  FMHA_REQUIRE(p.window_left >= -1 && p.window_right >= -1,
-               "window_left and window_right must be >= -1, -1 meaning unbounded (got %d, %d)",
-               p.window_left, p.window_right);
+  check_scores(p.scale, p.softcap, p.window_left, p.window_right, p.alibi_batch_stride);
   FMHA_REQUIRE(p.mask_align == FMHA_ALIGN_BOTTOM_RIGHT || p.mask_align == FMHA_ALIGN_TOP_LEFT,
                "mask_align %d is not FMHA_ALIGN_BOTTOM_RIGHT or FMHA_ALIGN_TOP_LEFT", (int)p.mask_align);
-  FMHA_REQUIRE(p.alibi_batch_stride >= 0, "alibi_batch_stride must be >= 0 (got %lld)",
-               (long long)p.alibi_batch_stride);
   FMHA_REQUIRE(std::isfinite(p.dropout_p) && p.dropout_p >= 0.f && p.dropout_p < 1.f,
                "dropout_p must be in [0, 1) (got %g)", (double)p.dropout_p);
 }
@@ -88,6 +99,9 @@ fmha_fwd_params read_params(const fmha_fwd_params* p) {
 }
 fmha_bwd_params read_params(const fmha_bwd_params* p) {
   return read_sized(p, kBwdParamsV1, "fmha_bwd_params");
+}
+fmha_decode_params read_params(const fmha_decode_params* p) {
+  return read_sized(p, kDecodeParamsV1, "fmha_decode_params");
 }
 
 void validate(const fmha_fwd_params& p) {
@@ -112,6 +126,86 @@ void validate(const fmha_bwd_params& p) {
   check_tensor(p.dk, "dk", keys);
   check_tensor(p.dv, "dv", keys);
   FMHA_REQUIRE(!work || p.lse != nullptr, "lse is NULL: the backward pass needs the forward's LSE");
+}
+
+void validate(const fmha_decode_params& p) {
+  check_device_dtype(p.device, p.dtype);
+  check_heads(p.batch, p.num_heads_q, p.num_heads_k, p.head_dim);
+  check_scores(p.scale, p.softcap, p.window_left, p.window_right, p.alibi_batch_stride);
+  FMHA_REQUIRE(p.seqlen_q >= 0, "seqlen_q must be >= 0 (got %d)", p.seqlen_q);
+  const bool quantized = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  FMHA_REQUIRE(p.cache_dtype == p.dtype || quantized,
+               "cache_dtype %d must equal dtype (%d) or be FMHA_DTYPE_FLOAT8_E4M3 / FMHA_DTYPE_INT8", (int)p.cache_dtype,
+               (int)p.dtype);
+  if (quantized) {
+    FMHA_REQUIRE(p.scaling == FMHA_SCALE_PER_HEAD || p.scaling == FMHA_SCALE_PER_TOKEN,
+                 "a quantized cache needs scaling FMHA_SCALE_PER_HEAD or FMHA_SCALE_PER_TOKEN (got %d)",
+                 (int)p.scaling);
+    FMHA_REQUIRE(p.k_scale != nullptr && p.v_scale != nullptr, "a quantized cache needs k_scale and v_scale");
+  } else {
+    FMHA_REQUIRE(p.scaling == FMHA_SCALE_NONE, "scaling must be FMHA_SCALE_NONE for a cache of dtype %d",
+                 (int)p.cache_dtype);
+  }
+  const bool work = p.batch > 0 && p.seqlen_q > 0;
+  FMHA_REQUIRE(p.cache_batch >= 1 && p.cache_seqlen >= 1,
+               "cache_batch and cache_seqlen (pages and page size when paged) must be >= 1 (got %d, %d)",
+               p.cache_batch, p.cache_seqlen);
+  if (p.block_table != nullptr) {
+    FMHA_REQUIRE(p.cache_seqlen % 16 == 0, "page size (cache_seqlen) must be a multiple of 16 (got %d)",
+                 p.cache_seqlen);
+    FMHA_REQUIRE(p.max_pages >= 1 && p.block_table_stride >= p.max_pages,
+                 "block_table needs max_pages >= 1 and block_table_stride >= max_pages (got %d, %lld)", p.max_pages,
+                 (long long)p.block_table_stride);
+    FMHA_REQUIRE(p.cache_batch_idx == nullptr, "cache_batch_idx cannot be combined with a paged cache (block_table)");
+  }
+  FMHA_REQUIRE(!work || p.cache_seqlens != nullptr, "cache_seqlens is NULL: the decode needs each cache's length");
+  FMHA_REQUIRE(p.seqlen_new >= 0, "seqlen_new must be >= 0 (got %d)", p.seqlen_new);
+  if (p.rotary_dim != 0) {
+    FMHA_REQUIRE(p.rotary_dim > 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
+                 "rotary_dim must be even and between 2 and head_dim %d (got %d)", p.head_dim, p.rotary_dim);
+    FMHA_REQUIRE(p.rotary_cos != nullptr && p.rotary_sin != nullptr && p.seqlen_ro >= 1,
+                 "rotary needs rotary_cos, rotary_sin and seqlen_ro >= 1");
+  }
+  FMHA_REQUIRE(p.num_splits >= 0, "num_splits must be >= 0, 0 choosing automatically (got %d)", p.num_splits);
+  check_tensor(p.q, "q", work);
+  check_tensor(p.out, "out", work);
+  check_tensor(p.k_cache, "k_cache", work);
+  check_tensor(p.v_cache, "v_cache", work);
+  check_tensor(p.k_new, "k_new", p.batch > 0 && p.seqlen_new > 0);
+  check_tensor(p.v_new, "v_new", p.batch > 0 && p.seqlen_new > 0);
+}
+
+void validate_host_metadata(const fmha_decode_params& p) {
+  const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const int64_t filled = p.cache_seqlens[b], end = filled + p.seqlen_new;
+    FMHA_REQUIRE(filled >= 0, "cache_seqlens[%d] = %lld must be >= 0", b, (long long)filled);
+    FMHA_REQUIRE(end <= capacity,
+                 "cache_seqlens[%d] + %d new tokens = %lld exceeds the cache capacity of %lld positions", b,
+                 p.seqlen_new, (long long)end, (long long)capacity);
+    if (p.cache_leftpad)
+      FMHA_REQUIRE(p.cache_leftpad[b] >= 0 && p.cache_leftpad[b] <= filled,
+                   "cache_leftpad[%d] = %d is outside [0, cache_seqlens[%d] = %lld]", b, p.cache_leftpad[b], b,
+                   (long long)filled);
+    if (p.cache_batch_idx)
+      FMHA_REQUIRE(p.cache_batch_idx[b] >= 0 && p.cache_batch_idx[b] < p.cache_batch,
+                   "cache_batch_idx[%d] = %d is outside [0, %d)", b, p.cache_batch_idx[b], p.cache_batch);
+    else if (!p.block_table)
+      FMHA_REQUIRE(b < p.cache_batch, "batch entry %d has no cache: the cache holds %d sequences", b, p.cache_batch);
+    if (p.block_table) {
+      const int64_t pages = (end + p.cache_seqlen - 1) / p.cache_seqlen;
+      for (int64_t i = 0; i < pages; ++i) {
+        const int32_t page = p.block_table[(int64_t)b * p.block_table_stride + i];
+        FMHA_REQUIRE(page >= 0 && page < p.cache_batch, "block_table[%d][%lld] = %d is outside [0, %d) pages", b,
+                     (long long)i, page, p.cache_batch);
+      }
+    }
+    if (p.rotary_dim != 0) {
+      const int64_t last = filled + std::max(p.seqlen_q, p.seqlen_new) - 1;
+      FMHA_REQUIRE(last < p.seqlen_ro, "rotary_cos/sin have %d positions, sequence %d needs position %lld",
+                   p.seqlen_ro, b, (long long)last);
+    }
+  }
 }
 
 void validate_host_metadata(const fmha_problem& p) {

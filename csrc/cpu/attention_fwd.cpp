@@ -12,43 +12,6 @@ namespace cpu {
 
 namespace {
 
-// One query row: out_i and lse_i.
-void forward_row(const Head& hd, const float* q, const std::vector<float>& K, const std::vector<float>& V,
-                 int32_t k0, int32_t i, float* acc, float* out_lse) {
-  const int D = hd.p.head_dim;
-  float s2[kKeyBlock];
-  float m = -INFINITY, l = 0.f;
-  for (int d = 0; d < D; ++d) acc[d] = 0.f;
-  const int32_t jb = hd.key_begin(i), je = hd.key_end(i);
-  for (int32_t j0 = jb; j0 < je; j0 += kKeyBlock) {
-    const int32_t j1 = std::min(je, j0 + kKeyBlock);
-    // S = Q K^T for this block, and its row max (Algorithm 1, lines 9-10).
-    float block_max = -INFINITY;
-    for (int32_t j = j0; j < j1; ++j) {
-      float capped;
-      const float s = hd.scores(dot(q, &K[(size_t)(j - k0) * D], D), i, j, &capped);
-      s2[j - j0] = s * kLog2e;
-      block_max = std::max(block_max, s2[j - j0]);
-    }
-    // Rescale what was accumulated under the old max (line 11).
-    const float m_new = std::max(m, block_max);
-    const float r = softmax_rescale(m, m_new);
-    l *= r;
-    for (int d = 0; d < D; ++d) acc[d] *= r;
-    // P = exp(S - m), row sum before dropout, acc += dropout(P) V (line 12).
-    for (int32_t j = j0; j < j1; ++j) {
-      const float pj = exp2f(s2[j - j0] - m_new);
-      l += pj;
-      const float w = pj * hd.dropout_factor(i, j);
-      if (w != 0.f) axpy(w, &V[(size_t)(j - k0) * D], acc, D);
-    }
-    m = m_new;
-  }
-  const float inv = softmax_inv_sum(l);
-  for (int d = 0; d < D; ++d) acc[d] *= inv;
-  *out_lse = softmax_lse(m, l);
-}
-
 // Row i of the optional probability output: softmax probabilities, dropped ones negated.
 void probs_row(const fmha_fwd_params& p, const Head& hd, const float* q, const std::vector<float>& K,
                int32_t k0, int32_t i, float lse, std::vector<float>& row) {
@@ -94,7 +57,13 @@ void fwd(const fmha_fwd_params& p) {
       float lse = -INFINITY;
       if (i < ie) {
         load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i, h), D, q.data());
-        forward_row(hd, q.data(), K, V, k0, i, acc.data(), &lse);
+        attend_row(
+            q.data(), K.data(), V.data(), k0, hd.key_begin(i), hd.key_end(i), D,
+            [&](float qk, int32_t j) {
+              float capped;
+              return hd.scores(qk, i, j, &capped);
+            },
+            [&](int32_t j) { return hd.dropout_factor(i, j); }, acc.data(), &lse);
         store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i, h), D, acc.data());
         if (p.lse) p.lse[hd.seq.lse_index(pr, i, h)] = lse;
       }
@@ -115,7 +84,7 @@ void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
   caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_ALL;
+  caps->features = FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE;
   caps->archs[0] = '\0';
 }
 

@@ -79,6 +79,7 @@ inline void load_row(fmha_dtype dtype, const void* base, int64_t offset, int n, 
       for (int d = 0; d < n; ++d) dst[d] = bf16_to_float(src[d]);
       break;
     }
+    default: break;  // 8-bit cache types are read by decode.cpp, with their scales
   }
 }
 
@@ -99,6 +100,7 @@ inline void store_row(fmha_dtype dtype, void* base, int64_t offset, int n, const
       for (int d = 0; d < n; ++d) dst[d] = float_to_bf16(src[d]);
       break;
     }
+    default: break;  // 8-bit cache types are written by decode.cpp, with their scales
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "../common/dropout.h"
@@ -86,6 +88,43 @@ struct Head {
     for (int32_t j = j0; j < j1; ++j) load_row(p.dtype, t.data, seq.k_offset(t, j, hk), D, &dst[(size_t)(j - j0) * D]);
   }
 };
+
+// One query row with the online softmax over keys [jb, je) (FlashAttention, Algorithm 1, in
+// blocks of kKeyBlock): acc <- softmax(scores) V, *lse <- log-sum-exp.  K and V hold fp32
+// rows from key k0 on; score(qk, j) gives the score of key j in natural units;
+// dropout(j) its dropout multiplier (0, 1 / (1 - p), or 1).
+template <class Score, class Dropout>
+void attend_row(const float* q, const float* K, const float* V, int32_t k0, int32_t jb, int32_t je, int D,
+                Score&& score, Dropout&& dropout, float* acc, float* lse) {
+  float s2[kKeyBlock];
+  float m = -INFINITY, l = 0.f;
+  for (int d = 0; d < D; ++d) acc[d] = 0.f;
+  for (int32_t j0 = jb; j0 < je; j0 += kKeyBlock) {
+    const int32_t j1 = std::min(je, j0 + kKeyBlock);
+    // S = Q K^T for this block, and its row max (lines 9-10).
+    float block_max = -INFINITY;
+    for (int32_t j = j0; j < j1; ++j) {
+      s2[j - j0] = score(dot(q, &K[(size_t)(j - k0) * D], D), j) * kLog2e;
+      block_max = std::max(block_max, s2[j - j0]);
+    }
+    // Rescale what was accumulated under the old max (line 11).
+    const float m_new = std::max(m, block_max);
+    const float r = softmax_rescale(m, m_new);
+    l *= r;
+    for (int d = 0; d < D; ++d) acc[d] *= r;
+    // P = exp(S - m); the row sum is taken before dropout; acc += dropout(P) V (line 12).
+    for (int32_t j = j0; j < j1; ++j) {
+      const float pj = exp2f(s2[j - j0] - m_new);
+      l += pj;
+      const float w = pj * dropout(j);
+      if (w != 0.f) axpy(w, &V[(size_t)(j - k0) * D], acc, D);
+    }
+    m = m_new;
+  }
+  const float inv = softmax_inv_sum(l);
+  for (int d = 0; d < D; ++d) acc[d] *= inv;
+  *lse = softmax_lse(m, l);
+}
 
 // Varlen rows of the packed q (or k) that belong to no sequence: [0, cu[0]) and [cu[B], total).
 // Outputs there are written too (zeros, LSE -inf), so every output element is defined.

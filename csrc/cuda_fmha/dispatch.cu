@@ -232,7 +232,7 @@ void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
   caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_ALL;
+  caps->features = FMHA_FEATURES_TRAINING;
   snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_CUDA_ARCH_LIST);
 }
 

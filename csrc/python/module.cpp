@@ -42,11 +42,17 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<fmha_dtype>(m, "DType")
       .value("float32", FMHA_DTYPE_FLOAT32)
       .value("float16", FMHA_DTYPE_FLOAT16)
-      .value("bfloat16", FMHA_DTYPE_BFLOAT16);
+      .value("bfloat16", FMHA_DTYPE_BFLOAT16)
+      .value("float8_e4m3", FMHA_DTYPE_FLOAT8_E4M3)
+      .value("int8", FMHA_DTYPE_INT8);
   py::enum_<fmha_device>(m, "Device")
       .value("cpu", FMHA_DEVICE_CPU)
       .value("cuda", FMHA_DEVICE_CUDA)
       .value("hip", FMHA_DEVICE_HIP);
+  py::enum_<fmha_cache_scaling>(m, "CacheScaling")
+      .value("none", FMHA_SCALE_NONE)
+      .value("per_head", FMHA_SCALE_PER_HEAD)
+      .value("per_token", FMHA_SCALE_PER_TOKEN);
   py::enum_<fmha_mask_align>(m, "MaskAlign")
       .value("bottom_right", FMHA_ALIGN_BOTTOM_RIGHT)
       .value("top_left", FMHA_ALIGN_TOP_LEFT);
@@ -131,6 +137,67 @@ PYBIND11_MODULE(_C, m) {
   FMHA_PTR_PROPERTY(bwd, fmha_bwd_params, dlse, const float*);
   FMHA_PTR_PROPERTY(bwd, fmha_bwd_params, workspace, void*);
 
+  py::class_<fmha_decode_params> dec(m, "DecodeParams");
+  dec.def(py::init([] {
+    fmha_decode_params p;
+    fmha_decode_params_init(&p);
+    return p;
+  }));
+#define FMHA_DFIELD(name) dec.def_readwrite(#name, &fmha_decode_params::name)
+  FMHA_DFIELD(device);
+  FMHA_DFIELD(dtype);
+  FMHA_DFIELD(batch);
+  FMHA_DFIELD(seqlen_q);
+  FMHA_DFIELD(num_heads_q);
+  FMHA_DFIELD(num_heads_k);
+  FMHA_DFIELD(head_dim);
+  FMHA_DFIELD(q);
+  FMHA_DFIELD(out);
+  FMHA_DFIELD(cache_dtype);
+  FMHA_DFIELD(k_cache);
+  FMHA_DFIELD(v_cache);
+  FMHA_DFIELD(cache_batch);
+  FMHA_DFIELD(cache_seqlen);
+  FMHA_DFIELD(block_table_stride);
+  FMHA_DFIELD(max_pages);
+  FMHA_DFIELD(scaling);
+  FMHA_DFIELD(k_new);
+  FMHA_DFIELD(v_new);
+  FMHA_DFIELD(seqlen_new);
+  FMHA_DFIELD(rotary_dim);
+  FMHA_DFIELD(seqlen_ro);
+  FMHA_DFIELD(rotary_interleaved);
+  FMHA_DFIELD(scale);
+  FMHA_DFIELD(softcap);
+  FMHA_DFIELD(window_left);
+  FMHA_DFIELD(window_right);
+  FMHA_DFIELD(alibi_batch_stride);
+  FMHA_DFIELD(num_splits);
+  FMHA_DFIELD(workspace_size);
+#undef FMHA_DFIELD
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, lse, float*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, block_table, const int32_t*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, cache_seqlens, const int32_t*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, cache_batch_idx, const int32_t*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, cache_leftpad, const int32_t*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, k_scale, float*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, v_scale, float*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, rotary_cos, const void*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, rotary_sin, const void*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, alibi_slopes, const float*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, workspace, void*);
+
+  m.def(
+      "decode", [](const fmha_decode_params& p, uintptr_t stream) { check(fmha_decode(&p, as_ptr(stream))); },
+      py::arg("params"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "decode_workspace_size",
+      [](const fmha_decode_params& p) {
+        size_t bytes = 0;
+        check(fmha_decode_workspace_size(&p, &bytes));
+        return bytes;
+      },
+      py::arg("params"));
   m.def(
       "fwd", [](const fmha_fwd_params& p, uintptr_t stream) { check(fmha_fwd(&p, as_ptr(stream))); },
       py::arg("params"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());

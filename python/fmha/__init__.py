@@ -17,6 +17,7 @@ from .flash_attn_interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from .kvcache import flash_attn_with_kvcache, merge_attentions, quantize_kv_cache
 from .sdpa import scaled_dot_product_attention
 
 __version__ = _C.version()
@@ -30,5 +31,8 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "merge_attentions",
+    "quantize_kv_cache",
     "scaled_dot_product_attention",
 ]

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "common/dropout.h"
 #include "common/philox.h"
+#include "common/quant.h"
 #include "cpu/convert.h"
 
 namespace {
@@ -93,6 +95,67 @@ void test_half_bf16_round_trip() {
   EXPECT(float_to_half(65520.f) == 0x7C00, "65520 overflows to inf");
   EXPECT(float_to_half(65519.f) == 0x7BFF, "65519 rounds to 65504");
   EXPECT(float_to_bf16(1.0f + 1.0f / 256) == 0x3F80, "bf16 tie rounds to even");
+}
+
+void test_fp8_int8_codes() {
+  // Every e4m3 code but NaN decodes to a value that encodes back to the same code.
+  for (int c = 0; c < 256; ++c) {
+    const float f = fmha::fp8_e4m3_to_float((uint8_t)c);
+    if (std::isnan(f)) continue;
+    const uint8_t back = fmha::float_to_fp8_e4m3(f);
+    EXPECT(back == c || (f == 0.f && (back & 0x7F) == 0), "e4m3 %02x -> %g -> %02x", c, f, back);
+  }
+  EXPECT(fmha::fp8_e4m3_to_float(0x7E) == 448.f, "e4m3 max is 448");
+  EXPECT(fmha::float_to_fp8_e4m3(1e6f) == 0x7E && fmha::float_to_fp8_e4m3(-1e6f) == 0xFE, "e4m3 saturates");
+  EXPECT(fmha::float_to_fp8_e4m3(1.0625f) == fmha::float_to_fp8_e4m3(1.f), "1 + 2^-4 ties to even (1.0)");
+  EXPECT(fmha::float_to_int8(127.6f) == 127 && fmha::float_to_int8(-300.f) == -127 && fmha::float_to_int8(2.5f) == 2,
+         "int8 rounds to even and saturates");
+}
+
+// A paged cache with shuffled pages gives exactly the contiguous cache's result; metadata
+// pointing outside the cache is rejected.
+void test_decode_paged_equals_contiguous() {
+  const int B = 2, S = 64, Hk = 2, Hq = 4, D = 32, page = 16, pages_per_seq = S / page;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> k(B * S * Hk * D), v(k.size()), q(B * Hq * D), out1(q.size()), out2(q.size());
+  for (auto* t : {&k, &v, &q})
+    for (float& x : *t) x = normal(rng);
+  const int num_pages = B * pages_per_seq + 1;
+  std::vector<int32_t> table(B * pages_per_seq);
+  for (int i = 0; i < (int)table.size(); ++i) table[i] = (i * 5 + 1) % num_pages;  // a permutation
+  std::vector<float> kp((size_t)num_pages * page * Hk * D), vp(kp.size());
+  for (int b = 0; b < B; ++b)
+    for (int pos = 0; pos < S; ++pos) {
+      const size_t dst = ((size_t)table[b * pages_per_seq + pos / page] * page + pos % page) * Hk * D;
+      std::copy_n(&k[((size_t)b * S + pos) * Hk * D], Hk * D, &kp[dst]);
+      std::copy_n(&v[((size_t)b * S + pos) * Hk * D], Hk * D, &vp[dst]);
+    }
+  const int32_t seqlens[2] = {40, 61};
+  fmha_decode_params p;
+  fmha_decode_params_init(&p);
+  p.dtype = p.cache_dtype = FMHA_DTYPE_FLOAT32;
+  p.batch = B, p.seqlen_q = 1, p.num_heads_q = Hq, p.num_heads_k = Hk, p.head_dim = D;
+  p.q = {q.data(), Hq * D, Hq * D, D};
+  p.out = {out1.data(), Hq * D, Hq * D, D};
+  p.k_cache = {k.data(), (int64_t)S * Hk * D, Hk * D, D};
+  p.v_cache = {v.data(), (int64_t)S * Hk * D, Hk * D, D};
+  p.cache_batch = B, p.cache_seqlen = S;
+  p.cache_seqlens = seqlens;
+  p.scale = 0.2f;
+  p.window_right = 0;
+  EXPECT(fmha_decode(&p, nullptr) == FMHA_SUCCESS, "contiguous decode: %s", fmha_last_error());
+  p.out.data = out2.data();
+  p.k_cache = {kp.data(), (int64_t)page * Hk * D, Hk * D, D};
+  p.v_cache = {vp.data(), (int64_t)page * Hk * D, Hk * D, D};
+  p.cache_batch = num_pages, p.cache_seqlen = page;
+  p.block_table = table.data(), p.block_table_stride = pages_per_seq, p.max_pages = pages_per_seq;
+  EXPECT(fmha_decode(&p, nullptr) == FMHA_SUCCESS, "paged decode: %s", fmha_last_error());
+  EXPECT(out1 == out2, "paged and contiguous caches disagree");
+  table[1] = num_pages;  // sequence 0's second page: out of range
+  EXPECT(fmha_decode(&p, nullptr) == FMHA_ERROR_INVALID_VALUE &&
+             std::string(fmha_last_error()).find("block_table[0][1]") != std::string::npos,
+         "an out-of-range page is rejected: %s", fmha_last_error());
 }
 
 // Dense fixed-length fp32 problem with a double-precision reference.
@@ -341,6 +404,8 @@ int main() {
   test_philox_known_answers();
   test_dropout_mapping();
   test_half_bf16_round_trip();
+  test_fp8_int8_codes();
+  test_decode_paged_equals_contiguous();
   test_errors();
   test_against_reference(Case{}, "gqa");
   Case causal;

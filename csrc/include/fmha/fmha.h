@@ -73,8 +73,17 @@ typedef enum fmha_status {
 typedef enum fmha_dtype {
   FMHA_DTYPE_FLOAT32 = 0,
   FMHA_DTYPE_FLOAT16 = 1,
-  FMHA_DTYPE_BFLOAT16 = 2
+  FMHA_DTYPE_BFLOAT16 = 2,
+  FMHA_DTYPE_FLOAT8_E4M3 = 3, /* KV caches only (fmha_decode_params.cache_dtype) */
+  FMHA_DTYPE_INT8 = 4         /* KV caches only */
 } fmha_dtype;
+
+/* How a quantized KV cache is scaled back: value = stored * scale. */
+typedef enum fmha_cache_scaling {
+  FMHA_SCALE_NONE = 0,      /* the cache holds `dtype` values */
+  FMHA_SCALE_PER_HEAD = 1,  /* k_scale, v_scale: (Hk) */
+  FMHA_SCALE_PER_TOKEN = 2  /* k_scale, v_scale: one per cache row and head, (cache_batch, cache_seqlen, Hk) */
+} fmha_cache_scaling;
 
 typedef enum fmha_device {
   FMHA_DEVICE_CPU = 0,
@@ -156,6 +165,61 @@ typedef struct fmha_bwd_params {
   size_t workspace_size;
 } fmha_bwd_params;
 
+/* Attention of a few new queries per sequence against a KV cache (flash_attn_with_kvcache):
+ * optionally appends new keys/values to the cache first (in place), applies rotary
+ * embeddings, and reads contiguous or paged, plain or quantized caches.  Masks align
+ * bottom-right: the last query sees the last key; key j of sequence b is cache position
+ * leftpad[b] + j, and the sequence has Sk = cache_seqlens[b] + seqlen_new - leftpad[b] keys. */
+typedef struct fmha_decode_params {
+  uint32_t struct_size; /* sizeof(fmha_decode_params) as the caller compiled it */
+  fmha_device device;
+
+  fmha_dtype dtype; /* of q, out, k_new, v_new and rotary_cos/sin; FLOAT16 or BFLOAT16 (or FLOAT32) */
+  int32_t batch, seqlen_q, num_heads_q, num_heads_k, head_dim;
+  fmha_tensor q, out; /* (B, Sq, Hq, D) */
+  float* lse;         /* optional output (B, Hq, Sq) */
+
+  /* Cache: contiguous (cache_batch, cache_seqlen, Hk, D), or, with a block table, paged
+   * (num_pages = cache_batch, page_size = cache_seqlen, Hk, D).  batch_stride steps
+   * sequences or pages, row_stride cache positions, head_stride heads. */
+  fmha_dtype cache_dtype; /* == dtype, or FMHA_DTYPE_FLOAT8_E4M3 / FMHA_DTYPE_INT8 with scaling */
+  fmha_tensor k_cache, v_cache;
+  int32_t cache_batch;
+  int32_t cache_seqlen;
+  const int32_t* block_table;     /* optional (B, max_pages) page indices: paged cache */
+  int64_t block_table_stride;     /* between sequences of block_table */
+  int32_t max_pages;              /* columns of block_table */
+  const int32_t* cache_seqlens;   /* (B): positions already filled (required) */
+  const int32_t* cache_batch_idx; /* optional (B): cache sequence of each batch entry (contiguous only) */
+  const int32_t* cache_leftpad;   /* optional (B): first valid cache position */
+
+  fmha_cache_scaling scaling; /* FMHA_SCALE_NONE unless cache_dtype is fp8/int8 */
+  float* k_scale;             /* see fmha_cache_scaling; per-token scales of new rows are written */
+  float* v_scale;
+
+  fmha_tensor k_new, v_new; /* optional (B, seqlen_new, Hk, D), written at cache_seqlens[b] first */
+  int32_t seqlen_new;
+
+  /* Rotary embedding (optional): cos and sin (seqlen_ro, rotary_dim / 2), contiguous, in
+   * `dtype`; applied to k_new at positions cache_seqlens[b] + t and to q at
+   * cache_seqlens[b] + i (or all at cache_seqlens[b] when neither causal nor windowed).
+   * Interleaved rotates pairs (2i, 2i + 1); otherwise (i, i + rotary_dim / 2) (GPT-NeoX). */
+  const void* rotary_cos;
+  const void* rotary_sin;
+  int32_t rotary_dim; /* even, <= head_dim; 0 disables */
+  int32_t seqlen_ro;
+  int32_t rotary_interleaved;
+
+  float scale, softcap;
+  int32_t window_left, window_right; /* -1 unbounded; causal is window_right = 0 */
+  const float* alibi_slopes;         /* optional (Hq) or (B, Hq) */
+  int64_t alibi_batch_stride;
+
+  int32_t num_splits; /* split-KV count; 0 picks one */
+  void* workspace;    /* device memory of fmha_decode_workspace_size() bytes */
+  size_t workspace_size;
+} fmha_decode_params;
+
 /* Feature bits of fmha_capabilities.features. */
 #define FMHA_FEATURE_BACKWARD (1u << 0)
 #define FMHA_FEATURE_VARLEN (1u << 1)
@@ -165,7 +229,8 @@ typedef struct fmha_bwd_params {
 #define FMHA_FEATURE_ALIBI (1u << 5)
 #define FMHA_FEATURE_DROPOUT (1u << 6)
 #define FMHA_FEATURE_DETERMINISTIC (1u << 7)
-#define FMHA_FEATURES_ALL 0xFFu
+#define FMHA_FEATURE_DECODE (1u << 8) /* fmha_decode, paged and quantized caches */
+#define FMHA_FEATURES_TRAINING 0xFFu  /* every bit up to FMHA_FEATURE_DETERMINISTIC */
 
 typedef struct fmha_capabilities {
   uint32_t struct_size; /* set by the caller to sizeof(fmha_capabilities) */
@@ -180,6 +245,7 @@ typedef struct fmha_capabilities {
  * fp16, everything optional NULL or 0.  Sizes, pointers and scale are the caller's. */
 FMHA_API void fmha_fwd_params_init(fmha_fwd_params* params);
 FMHA_API void fmha_bwd_params_init(fmha_bwd_params* params);
+FMHA_API void fmha_decode_params_init(fmha_decode_params* params);
 
 /* out = softmax(scores) . v, and lse.  Asynchronous on GPU streams. */
 FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream);
@@ -189,6 +255,12 @@ FMHA_API fmha_status fmha_bwd_workspace_size(const fmha_bwd_params* params, size
 
 /* dq, dk, dv from dout and the forward's out and lse.  Asynchronous on GPU streams. */
 FMHA_API fmha_status fmha_bwd(const fmha_bwd_params* params, void* stream);
+
+/* Bytes of device workspace fmha_decode needs (split-KV partial results). */
+FMHA_API fmha_status fmha_decode_workspace_size(const fmha_decode_params* params, size_t* bytes);
+
+/* out (and lse) for q against the cache, after appending k_new/v_new.  Asynchronous. */
+FMHA_API fmha_status fmha_decode(const fmha_decode_params* params, void* stream);
 
 /* What this build offers on a device kind. */
 FMHA_API fmha_status fmha_get_capabilities(fmha_device device, fmha_capabilities* caps);

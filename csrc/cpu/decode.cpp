@@ -1,0 +1,137 @@
+// CPU decode (flash_attn_with_kvcache): append the new keys and values to the cache (keys
+// rotated, quantized when the cache is), then each query row attends to its sequence's
+// cache through csrc/common/ (kv_cache.h for paging, quant.h, rotary.h, mask geometry) and
+// the same online-softmax row as the forward.
+#include <cmath>
+#include <vector>
+
+#include "../common/backend.h"
+#include "../common/kv_cache.h"
+#include "../common/quant.h"
+#include "../common/rotary.h"
+#include "head.h"
+#include "parallel.h"
+
+namespace fmha {
+namespace cpu {
+
+namespace {
+
+bool quantized(const fmha_decode_params& p) {
+  return p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+}
+
+// Cache row (pos, hk) as fp32, scaled back if quantized.
+void load_cache_row(const fmha_decode_params& p, const CacheView& cv, const fmha_tensor& t, const float* scales,
+                    int32_t pos, int32_t hk, float* dst) {
+  const int D = p.head_dim;
+  const int64_t off = cv.offset(t, pos, hk);
+  if (!quantized(p)) return load_row(p.dtype, t.data, off, D, dst);
+  const float s = scales[cv.scale_index(pos, hk)];
+  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) {
+    const uint8_t* src = static_cast<const uint8_t*>(t.data) + off;
+    for (int d = 0; d < D; ++d) dst[d] = fp8_e4m3_to_float(src[d]) * s;
+  } else {
+    const int8_t* src = static_cast<const int8_t*>(t.data) + off;
+    for (int d = 0; d < D; ++d) dst[d] = int8_to_float(src[d]) * s;
+  }
+}
+
+// Writes row (pos, hk); a per-token scale is chosen as max|x| / max representable.
+void store_cache_row(const fmha_decode_params& p, const CacheView& cv, const fmha_tensor& t, float* scales,
+                     int32_t pos, int32_t hk, const float* src) {
+  const int D = p.head_dim;
+  const int64_t off = cv.offset(t, pos, hk);
+  if (!quantized(p)) return store_row(p.dtype, t.data, off, D, src);
+  float s;
+  if (p.scaling == FMHA_SCALE_PER_TOKEN) {
+    float amax = 0.f;
+    for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(src[d]));
+    s = amax / quant_max(p.cache_dtype);
+    scales[cv.scale_index(pos, hk)] = s;
+  } else {
+    s = scales[hk];
+  }
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) {
+    uint8_t* dst = static_cast<uint8_t*>(t.data) + off;
+    for (int d = 0; d < D; ++d) dst[d] = float_to_fp8_e4m3(src[d] * inv);
+  } else {
+    int8_t* dst = static_cast<int8_t*>(t.data) + off;
+    for (int d = 0; d < D; ++d) dst[d] = float_to_int8(src[d] * inv);
+  }
+}
+
+// Rotates the first rotary_dim values of row as position pos.
+void rotate(const fmha_decode_params& p, float* row, int32_t pos) {
+  if (p.rotary_dim == 0) return;
+  const int half = p.rotary_dim / 2;
+  std::vector<float> cos_row(half), sin_row(half);
+  load_row(p.dtype, p.rotary_cos, (int64_t)pos * half, half, cos_row.data());
+  load_row(p.dtype, p.rotary_sin, (int64_t)pos * half, half, sin_row.data());
+  apply_rotary(row, cos_row.data(), sin_row.data(), p.rotary_dim, p.rotary_interleaved != 0);
+}
+
+// Offset of (b, row, head) in a (B, S, H, D) tensor.
+int64_t bshd(const fmha_tensor& t, int32_t b, int32_t row, int32_t h) {
+  return (int64_t)b * t.batch_stride + (int64_t)row * t.row_stride + (int64_t)h * t.head_stride;
+}
+
+}  // namespace
+
+void decode(const fmha_decode_params& p) {
+  const int D = p.head_dim;
+  const int32_t group = p.num_heads_q / p.num_heads_k;
+
+  // 1. New keys (rotated) and values go into the cache at cache_seqlens[b] + t.
+  if (p.seqlen_new > 0) {
+    parallel_for((int64_t)p.batch * p.num_heads_k, [&](int64_t item) {
+      const int32_t b = (int32_t)(item / p.num_heads_k), hk = (int32_t)(item % p.num_heads_k);
+      const CacheView cv{&p, b};
+      std::vector<float> row(D);
+      for (int32_t t = 0; t < p.seqlen_new; ++t) {
+        const int32_t pos = p.cache_seqlens[b] + t;
+        load_row(p.dtype, p.k_new.data, bshd(p.k_new, b, t, hk), D, row.data());
+        rotate(p, row.data(), pos);
+        store_cache_row(p, cv, p.k_cache, p.k_scale, pos, hk, row.data());
+        load_row(p.dtype, p.v_new.data, bshd(p.v_new, b, t, hk), D, row.data());
+        store_cache_row(p, cv, p.v_cache, p.v_scale, pos, hk, row.data());
+      }
+    });
+  }
+
+  // 2. Every query row against its sequence's keys, cache positions leftpad .. filled + new.
+  const bool per_row_positions = p.window_left >= 0 || p.window_right >= 0;  // causal or local
+  parallel_for((int64_t)p.batch * p.num_heads_q, [&](int64_t item) {
+    const int32_t b = (int32_t)(item / p.num_heads_q), h = (int32_t)(item % p.num_heads_q), hk = h / group;
+    const CacheView cv{&p, b};
+    const int32_t filled = p.cache_seqlens[b], leftpad = p.cache_leftpad ? p.cache_leftpad[b] : 0;
+    const int32_t len_k = filled + p.seqlen_new - leftpad;
+    const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, len_k, p.window_left, p.window_right, false);
+    const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
+    const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f;
+    const int32_t k0 = geom.key_begin(0), k1 = std::max(k0, geom.key_end(p.seqlen_q));
+    std::vector<float> K((size_t)(k1 - k0) * D), V(K.size()), q(D), acc(D);
+    for (int32_t j = k0; j < k1; ++j) {
+      load_cache_row(p, cv, p.k_cache, p.k_scale, leftpad + j, hk, &K[(size_t)(j - k0) * D]);
+      load_cache_row(p, cv, p.v_cache, p.v_scale, leftpad + j, hk, &V[(size_t)(j - k0) * D]);
+    }
+    for (int32_t i = 0; i < p.seqlen_q; ++i) {
+      load_row(p.dtype, p.q.data, bshd(p.q, b, i, h), D, q.data());
+      rotate(p, q.data(), filled + (per_row_positions ? i : 0));
+      float lse;
+      attend_row(
+          q.data(), K.data(), V.data(), k0, geom.key_begin(i), geom.key_end(i + 1), D,
+          [&](float qk, int32_t j) {
+            const float s = sp.apply(qk);
+            return slope != 0.f ? s - slope * geom.alibi_distance(i, j) : s;
+          },
+          [](int32_t) { return 1.f; }, acc.data(), &lse);
+      store_row(p.dtype, p.out.data, bshd(p.out, b, i, h), D, acc.data());
+      if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i] = lse;
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace fmha

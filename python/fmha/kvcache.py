@@ -1,0 +1,270 @@
+"""Inference with a KV cache: flash-attn 2.x's flash_attn_with_kvcache (contiguous or paged
+caches, in-place append, rotary, GQA, windows, softcap, ALiBi), 8-bit caches (fp8 e4m3,
+int8) with per-head or per-token scales, and merge_attentions for combining partial
+results by their log-sum-exp."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _C, _checks
+from ._backend import _DTYPES, fmha_device, ptr, stream_handle
+
+_QUANT = {torch.float8_e4m3fn: _C.DType.float8_e4m3, torch.int8: _C.DType.int8}
+_QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+
+
+def _bshd(t: Optional[Tensor]) -> "_C.Tensor":
+    if t is None:
+        return _C.Tensor()
+    return _C.Tensor(t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+
+
+def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes):
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _checks._tensor(x, name)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache must match k_cache: {tuple(k_cache.shape)} {k_cache.dtype}, got "
+                         f"{tuple(v_cache.shape)} {v_cache.dtype}")
+    _, cache_seqlen, heads_k, head_dim_k = k_cache.shape
+    if head_dim_k != head_dim:
+        raise ValueError(f"k_cache has head dimension {head_dim_k} but q has {head_dim}")
+    if not 1 <= head_dim <= _checks.MAX_HEAD_DIM:
+        raise ValueError(f"head dimension must be between 1 and {_checks.MAX_HEAD_DIM}, got {head_dim}")
+    if heads_q % heads_k != 0:
+        raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the cache's ({heads_k})")
+    quantized = k_cache.dtype in _QUANT
+    if quantized:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None:
+                raise ValueError(f"a {k_cache.dtype} cache needs {name} (see fmha.quantize_kv_cache)")
+            _checks._tensor(s, name)
+            if s.dtype != torch.float32:
+                raise TypeError(f"{name} must be torch.float32, got {s.dtype}")
+            if tuple(s.shape) not in ((heads_k,), tuple(k_cache.shape[:3])):
+                raise ValueError(f"{name} must have shape ({heads_k},) (per head) or {tuple(k_cache.shape[:3])} "
+                                 f"(per token), got {tuple(s.shape)}")
+            if not s.is_contiguous() or s.device != q.device:
+                raise ValueError(f"{name} must be contiguous and on {q.device}")
+        if k_scale.shape != v_scale.shape:
+            raise ValueError("k_scale and v_scale must have the same shape")
+    else:
+        if k_cache.dtype != q.dtype:
+            raise TypeError(f"k_cache must have q's dtype {q.dtype}, or be float8_e4m3fn / int8 with scales; got "
+                            f"{k_cache.dtype}")
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale/v_scale apply to float8_e4m3fn and int8 caches, not {k_cache.dtype}")
+    index = lambda x, name, shape: _checks._index_tensor(x, name, shape, q, "batch")  # noqa: E731
+    index(cache_seqlens, "cache_seqlens", batch)
+    if cache_batch_idx is not None:
+        index(cache_batch_idx, "cache_batch_idx", batch)
+    if cache_leftpad is not None:
+        index(cache_leftpad, "cache_leftpad", batch)
+    if block_table is not None:
+        _checks._tensor(block_table, "block_table")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be torch.int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must have shape ({batch}, max_num_blocks), got {tuple(block_table.shape)}")
+        if cache_seqlen % 16 != 0:
+            raise ValueError(f"page size (k_cache.shape[1]) must be a multiple of 16, got {cache_seqlen}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table (a paged cache)")
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        for name, x in (("k", k), ("v", v)):
+            _checks._tensor(x, name)
+            if x.dtype != q.dtype:
+                raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+            if x.dim() != 4 or x.shape[0] != batch or x.shape[2:] != (heads_k, head_dim):
+                raise ValueError(f"{name} must have shape ({batch}, seqlen_new, {heads_k}, {head_dim}), got "
+                                 f"{tuple(x.shape)}")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _checks._tensor(x, name)
+            if x.dtype != q.dtype:
+                raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+            if x.dim() != 2 or 2 * x.shape[1] > head_dim or x.shape[1] < 1:
+                raise ValueError(f"{name} must have shape (seqlen_ro, rotary_dim / 2) with rotary_dim <= "
+                                 f"{head_dim}, got {tuple(x.shape)}")
+        if rotary_cos.shape != rotary_sin.shape:
+            raise ValueError("rotary_cos and rotary_sin must have the same shape")
+    if alibi_slopes is not None:
+        _checks._tensor(alibi_slopes, "alibi_slopes")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be torch.float32, got {alibi_slopes.dtype}")
+        if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+            raise ValueError(f"alibi_slopes must have shape ({heads_q},) or ({batch}, {heads_q}), got "
+                             f"{tuple(alibi_slopes.shape)}")
+
+
+@torch.library.custom_op("fmha::kvcache_fwd", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def kvcache_fwd(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+    rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Tensor,
+    cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+    k_scale: Optional[Tensor], v_scale: Optional[Tensor], scale: float, window_left: int, window_right: int,
+    softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor], num_splits: int,
+) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of q against the cache after appending k, v; see flash_attn_with_kvcache."""
+    _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    rotary_cos, rotary_sin, block_table = (None if x is None else x.contiguous()
+                                           for x in (rotary_cos, rotary_sin, block_table))
+    cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes = (
+        None if x is None else x.contiguous() for x in (cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes))
+
+    p = _C.DecodeParams()
+    p.device = fmha_device(q.device)
+    p.dtype = _DTYPES[q.dtype]
+    p.batch, p.seqlen_q, p.num_heads_q, p.head_dim = batch, seqlen_q, heads_q, head_dim
+    p.num_heads_k = k_cache.shape[2]
+    p.q, p.out = _bshd(q), _bshd(out)
+    p.lse = lse.data_ptr()
+    p.cache_dtype = _QUANT.get(k_cache.dtype, _DTYPES.get(k_cache.dtype, p.dtype))
+    p.k_cache, p.v_cache = _bshd(k_cache), _bshd(v_cache)
+    p.cache_batch, p.cache_seqlen = k_cache.shape[0], k_cache.shape[1]
+    if block_table is not None:
+        p.block_table = block_table.data_ptr()
+        p.block_table_stride, p.max_pages = block_table.stride(0), block_table.shape[1]
+    p.cache_seqlens, p.cache_batch_idx, p.cache_leftpad = ptr(cache_seqlens), ptr(cache_batch_idx), ptr(cache_leftpad)
+    if k_scale is not None:
+        p.scaling = _C.CacheScaling.per_head if k_scale.dim() == 1 else _C.CacheScaling.per_token
+        p.k_scale, p.v_scale = k_scale.data_ptr(), v_scale.data_ptr()
+    if k is not None:
+        p.k_new, p.v_new, p.seqlen_new = _bshd(k), _bshd(v), k.shape[1]
+    if rotary_cos is not None:
+        p.rotary_cos, p.rotary_sin = rotary_cos.data_ptr(), rotary_sin.data_ptr()
+        p.rotary_dim, p.seqlen_ro = 2 * rotary_cos.shape[1], rotary_cos.shape[0]
+        p.rotary_interleaved = int(rotary_interleaved)
+    p.scale, p.softcap = scale, softcap
+    p.window_left, p.window_right = window_left, window_right
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    p.num_splits = num_splits
+    workspace = torch.empty(_C.decode_workspace_size(p), dtype=torch.uint8, device=q.device)
+    p.workspace, p.workspace_size = ptr(workspace), workspace.numel()
+    _C.decode(p, stream_handle(q.device))
+    return out, lse
+
+
+@kvcache_fwd.register_fake
+def _kvcache_fwd_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, block_table, k_scale, v_scale, scale, window_left, window_right, softcap,
+                      rotary_interleaved, alibi_slopes, num_splits):
+    _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes)
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens: Optional[Union[int, Tensor]] = None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
+                            num_splits=0, return_softmax_lse=False, *, k_scale=None, v_scale=None):
+    """Attention of q (batch, seqlen, nheads, headdim) against a KV cache, flash-attn 2.x's
+    semantics: k_cache/v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), or with
+    block_table (batch, max_num_blocks) int32 paged (num_blocks, page_size, nheads_k,
+    headdim) with page_size any multiple of 16.  cache_seqlens (int or (batch,) int32) are
+    the filled lengths; k, v (batch, seqlen_new, nheads_k, headdim) are first written into
+    the cache in place at cache_seqlens (rotated by rotary_cos/sin if given).  q is rotated
+    at positions cache_seqlens + i when causal or windowed, else at cache_seqlens.
+    cache_batch_idx maps batch entries to cache rows; cache_leftpad marks where each cache
+    starts.  Causal aligns the last query with the last key.
+
+    Quantized caches (keyword-only, fmha's extension): k_cache/v_cache of dtype
+    torch.float8_e4m3fn or torch.int8 with float32 k_scale, v_scale of shape (nheads_k,) or
+    (batch_cache, seqlen_cache, nheads_k): value = stored * scale (fmha.quantize_kv_cache
+    makes them); appended tokens are quantized in place (per-token scales are written).
+
+    Returns out (batch, seqlen, nheads, headdim), and softmax_lse (batch, nheads, seqlen)
+    with return_softmax_lse.  No backward (inference).
+    """
+    q = _checks.contiguous_last(q)
+    k, v = _checks.contiguous_last(k), _checks.contiguous_last(v)
+    _checks._tensor(q, "q")
+    _checks._tensor(k_cache, "k_cache")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens is required (the number of filled positions of each cache)")
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    left, right = _checks.window(window_size, causal)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 picks automatically), got {num_splits!r}")
+    out, lse = torch.ops.fmha.kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                          cache_batch_idx, cache_leftpad, block_table, k_scale, v_scale,
+                                          float(softmax_scale), left, right, float(softcap),
+                                          bool(rotary_interleaved), alibi_slopes, num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+def quantize_kv_cache(cache: Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
+                      scaling: str = "head") -> Tuple[Tensor, Tensor]:
+    """(quantized cache, float32 scale) with cache ~= quantized * scale.  cache is
+    (batch or pages, seqlen or page_size, nheads_k, headdim); dtype torch.float8_e4m3fn or
+    torch.int8; scaling "head" gives scales (nheads_k,), "token" (batch, seqlen, nheads_k).
+    Rounds to nearest even and saturates, as the kernels do for appended tokens."""
+    if dtype not in _QMAX:
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.int8, got {dtype}")
+    if scaling not in ("head", "token"):
+        raise ValueError(f"scaling must be 'head' or 'token', got {scaling!r}")
+    if not isinstance(cache, Tensor) or cache.dim() != 4:
+        raise ValueError("cache must be a 4-D tensor (batch, seqlen, nheads_k, headdim)")
+    x = cache.float()
+    amax = x.abs().amax(dim=(0, 1, 3)) if scaling == "head" else x.abs().amax(dim=3)
+    scale = amax / _QMAX[dtype]
+    expanded = scale[None, None, :, None] if scaling == "head" else scale[..., None]
+    scaled = torch.where(expanded > 0, x / expanded.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+    scaled = scaled.clamp(-_QMAX[dtype], _QMAX[dtype])
+    quantized = scaled.round().to(dtype) if dtype == torch.int8 else scaled.to(dtype)
+    return quantized, scale.contiguous()
+
+
+def merge_attentions(outs: Union[Sequence[Tensor], Tensor], lses: Union[Sequence[Tensor], Tensor]
+                     ) -> Tuple[Tensor, Tensor]:
+    """Combines attention computed over disjoint key sets (split-KV, context parallelism):
+    outs[i] (..., seqlen, nheads, headdim) with lses[i] (..., nheads, seqlen) (flash_attn's
+    layouts) -> (out, lse) of attention over all the keys.  Differentiable with respect to
+    every input; rows with all lse = -inf give out 0 and lse -inf."""
+    outs = torch.stack(list(outs)) if not isinstance(outs, Tensor) else outs
+    lses = torch.stack(list(lses)) if not isinstance(lses, Tensor) else lses
+    if outs.dim() < 4 or lses.dim() != outs.dim() - 1:
+        raise ValueError(f"outs must be (n, ..., seqlen, nheads, headdim) and lses (n, ..., nheads, seqlen), got "
+                         f"{tuple(outs.shape)} and {tuple(lses.shape)}")
+    if lses.transpose(-1, -2).shape != outs.shape[:-1]:
+        raise ValueError(f"lses {tuple(lses.shape)} do not match outs {tuple(outs.shape)} (expected "
+                         f"{tuple(outs.shape[:-3]) + (outs.shape[-2], outs.shape[-3])})")
+    # Rows where every part is empty (lse -inf everywhere) are computed on zeros and masked
+    # afterwards, so neither the values nor the gradients see -inf - (-inf).
+    acc = torch.promote_types(outs.dtype, torch.float32)  # fp32 at least; float64 stays float64
+    empty = torch.isneginf(lses).all(dim=0)
+    lses = torch.where(empty, 0.0, lses.to(acc))
+    lse = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - lse)
+    out = (weights.transpose(-1, -2).unsqueeze(-1) * outs.to(acc)).sum(dim=0)
+    out = torch.where(empty.transpose(-1, -2).unsqueeze(-1), 0.0, out)
+    return out.to(outs.dtype), torch.where(empty, -torch.inf, lse)
