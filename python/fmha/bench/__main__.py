@@ -21,8 +21,10 @@ import torch
 
 import fmha
 
-from . import memory, report, timing
+from . import decode, memory, report, timing
 from .peers import Case, peers
+
+_OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryError since 2.5
 
 
 def _progress(items, desc):
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes, about a minute on a GPU")
     ap.add_argument("--modes", default="fwd,fwd_bwd", help="comma-separated: fwd, fwd_bwd")
     ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
-    ap.add_argument("--suites", default="training,memory", help="comma-separated: training, memory")
+    ap.add_argument("--suites", default="training,decode,memory", help="comma-separated: training, decode, memory")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--out", default="bench-results", help="folder for the JSON, Markdown and PNG results")
     args = ap.parse_args(argv)
@@ -114,8 +116,8 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     suites = args.suites.split(",")
     all_peers = peers(device)
-    if args.peers:
-        wanted = set(args.peers.split(",")) | {"fmha"}
+    wanted = set(args.peers.split(",")) | {"fmha"} if args.peers else None
+    if wanted:
         all_peers = [p for p in all_peers if p.name in wanted]
 
     meta = {
@@ -152,11 +154,44 @@ def main(argv=None) -> int:
                         row["ms"][peer.name] = ms
                         row["tflops"][peer.name] = flops / (ms * 1e-3) / 1e12
                         continue
-                    except (RuntimeError, torch.OutOfMemoryError) as e:  # a peer refusing a shape
+                    except (RuntimeError, _OOM) as e:  # a peer refusing a shape
                         reason = str(e).splitlines()[0][:80]
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
                 row["skipped"][peer.name] = reason
+            results.append(row)
+            _checkpoint(args.out, meta, results)
+
+    if "decode" in suites:
+        dpeers = decode.peers(device)
+        if wanted:
+            dpeers = [p for p in dpeers if p.name in wanted or p.name.startswith("fmha")]
+        for case in _progress(decode.cases(device, args.quick), "decode"):
+            row = {"suite": "decode", "case": case.label(), "batch": case.batch, "cache_len": case.cache_len,
+                   "page": case.page, "ms": {}, "gbps": {}, "skipped": {}}
+            try:
+                row["fmha_rel_err"] = decode.check_fmha(case, device, dtype)
+                tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+                if not row["fmha_rel_err"] < tol:
+                    print(f"fmha decode is wrong for {case.label()}: relative error {row['fmha_rel_err']:.2e}",
+                          file=sys.stderr)
+                    return 1
+            except RuntimeError as e:  # no decode kernels for this device yet
+                row["fmha_rel_err"] = None
+                row["skipped"]["fmha"] = str(e).splitlines()[0][:120]
+            for peer in dpeers:
+                if peer.name in row["skipped"] or (peer.name.startswith("fmha") and row["fmha_rel_err"] is None):
+                    row["skipped"].setdefault(peer.name, row["skipped"].get("fmha", ""))
+                    continue
+                if peer.contiguous_only and case.page:
+                    row["skipped"][peer.name] = "no paged caches"
+                    continue
+                try:
+                    row["ms"][peer.name], row["gbps"][peer.name] = decode.run_case(peer, case, device, dtype, budget)
+                except (RuntimeError, _OOM) as e:
+                    row["skipped"][peer.name] = str(e).splitlines()[0][:80]
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
             results.append(row)
             _checkpoint(args.out, meta, results)
 
@@ -169,7 +204,7 @@ def main(argv=None) -> int:
             for peer in mem_peers:
                 try:
                     row["mib"][peer.name] = memory.peak_extra_mib(peer, case, device)
-                except (RuntimeError, torch.OutOfMemoryError) as e:
+                except (RuntimeError, _OOM) as e:
                     row["skipped"][peer.name] = str(e).splitlines()[0][:80]
                 torch.cuda.empty_cache()
             results.append(row)
@@ -185,6 +220,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
     print(report.terminal(payload))
+    print(report.decode_terminal(payload))
     print(report.memory_terminal(payload))
     written = ["results.json", "results.md"]
     try:

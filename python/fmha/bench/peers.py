@@ -96,6 +96,13 @@ def peers(device: torch.device, include_math: bool = True) -> list[Peer]:
             from flash_attn import flash_attn_func as fa2
 
             out.append(Peer("flash-attn", "bshd", lambda q, k, v, causal: fa2(q, k, v, causal=causal)))
+        if importlib.util.find_spec("xformers") is not None:
+            import xformers.ops as xops
+
+            def xformers_forward(q, k, v, causal):
+                return xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask() if causal else None)
+
+            out.append(Peer("xformers", "bshd", xformers_forward))
     else:
         out.append(Peer("torch-flash", "bhsd", _sdpa, _sdpa_backend("FLASH_ATTENTION")))
     if include_math:

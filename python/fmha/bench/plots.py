@@ -29,6 +29,7 @@ def write_plots(payload, out_dir) -> list[str]:
     title = f"{meta['device']}, {meta['dtype']}, {meta['date']}"
     written = []
     dims = sorted({r["head_dim"] for r in results if r["suite"] == "training"})
+    results_training = [r for r in results if r["suite"] == "training"]
 
     # Speedup of fmha over standard attention (torch's math backend), forward + backward.
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -40,7 +41,7 @@ def write_plots(payload, out_dir) -> list[str]:
             if xs:
                 ax.plot(xs, [mt[x] / fm[x] for x in xs], marker="o",
                         label=f"D={d}{' causal' if causal else ''}")
-    _seqlen_axis(ax, results)
+    _seqlen_axis(ax, results_training)
     ax.set(xlabel="sequence length", ylabel="speedup over standard attention (x)",
            title=f"fmha forward+backward vs torch math\n{title}")
     ax.legend(fontsize=8)
@@ -64,6 +65,25 @@ def write_plots(payload, out_dir) -> list[str]:
         ax.grid(alpha=0.3)
         written.append(_save(fig, out_dir, "memory_vs_seqlen.png"))
 
+    # Decode bandwidth against cache length, one sequence.
+    dec = [r for r in results if r["suite"] == "decode" and r["batch"] == 1]
+    if dec:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        names = sorted({n for r in dec for n in r["gbps"]})
+        for name in names:
+            for page in sorted({r["page"] or 0 for r in dec}):
+                pts = sorted((r["cache_len"], r["gbps"][name]) for r in dec
+                             if (r["page"] or 0) == page and name in r["gbps"])
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, marker="o", label=f"{name}{' paged ' + str(page) if page else ''}")
+        ax.axhline(meta["copy_gbps"], color="gray", linestyle="--", label="device copy")
+        _seqlen_axis(ax, [{"seqlen": r["cache_len"]} for r in dec])
+        ax.set(xlabel="cache length", ylabel="K/V read GB/s", title=f"Decode, B=1, 32 q heads / 8 kv heads, D=128\n{title}")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        written.append(_save(fig, out_dir, "decode_bandwidth.png"))
+
     # TFLOP/s of every backend, D = 128 (or the first head dim), per mode and mask.
     d = 128 if 128 in dims else (dims[0] if dims else None)
     if d is not None:
@@ -75,7 +95,7 @@ def write_plots(payload, out_dir) -> list[str]:
                 if pts:
                     xs, ys = zip(*pts)
                     ax.plot(xs, ys, marker="o", label=peer, linewidth=2.5 if peer == "fmha" else 1.2)
-            _seqlen_axis(ax, results)
+            _seqlen_axis(ax, results_training)
             ax.set(title=f"{mode}{' causal' if causal else ''}, D={d}", ylabel="TFLOP/s")
             ax.grid(alpha=0.3)
         axes[1][0].set_xlabel("sequence length")

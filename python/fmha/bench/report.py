@@ -38,6 +38,11 @@ def markdown(payload) -> str:
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    dh, drows = _decode_rows(payload)
+    if drows:
+        lines += ["", f"## Decode: K/V read bandwidth, GB/s (device copy: {m['copy_gbps']:.0f} GB/s)", "",
+                  "| " + " | ".join(dh) + " |", "|" + "---|" * len(dh)]
+        lines += ["| " + " | ".join(r) + " |" for r in drows]
     mh, mrows = _memory_rows(payload)
     if mrows:
         lines += ["", "## Peak extra memory, forward + backward (MiB)", "",
@@ -63,13 +68,45 @@ def _memory_rows(payload):
     return header, rows
 
 
-def memory_terminal(payload) -> str:
-    header, rows = _memory_rows(payload)
-    if not rows:
-        return ""
+def _decode_rows(payload):
+    rows_in = [r for r in payload["results"] if r["suite"] == "decode"]
+    if not rows_in:
+        return [], []
+    names = []
+    for r in rows_in:
+        for n in list(r["gbps"]) + list(r["skipped"]):
+            if n not in names:
+                names.append(n)
+    copy = payload["meta"]["copy_gbps"]
+    others = [n for n in names if not n.startswith("fmha")]
+    header = ["shape"] + [f"{n} GB/s" for n in names] + ["fmha / copy"] + [f"fmha vs {n}" for n in others]
+    rows = []
+    for r in rows_in:
+        g = r["gbps"]
+        cells = [r["case"]] + [f"{g[n]:.0f}" if n in g else "-" for n in names]
+        cells.append(f"{g['fmha'] / copy:.0%}" if "fmha" in g else "-")
+        for n in others:
+            cells.append(f"{r['ms'][n] / r['ms']['fmha']:.2f}x" if "fmha" in r["ms"] and n in r["ms"] else "-")
+        rows.append(cells)
+    return header, rows
+
+
+def _table(header, rows) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     fmt = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join(["", fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def decode_terminal(payload) -> str:
+    header, rows = _decode_rows(payload)
+    notes = sorted({f"{n}: {why}" for r in payload["results"] if r["suite"] == "decode"
+                    for n, why in r["skipped"].items() if n.startswith("fmha") and why})
+    return (_table(header, rows) + ("\n" + "\n".join(notes) if notes else "")) if rows else ""
+
+
+def memory_terminal(payload) -> str:
+    header, rows = _memory_rows(payload)
+    return _table(header, rows) if rows else ""
 
 
 def terminal(payload) -> str:
