@@ -90,11 +90,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     nheads_k, headdim); sequence b owns rows cu_seqlens[b]:cu_seqlens[b + 1] (int32,
     batch + 1 entries). seqused_k (batch,) int32 limits sequence b to its first
     seqused_k[b] keys. Masks are per sequence, as in flash_attn_func. softmax_lse is
-    (nheads, total_q). block_table (paged KV) is not supported yet and raises ValueError.
+    (nheads, total_q). block_table (paged KV) raises ValueError: paged caches are read by
+    fmha.flash_attn_with_kvcache.
     """
     if block_table is not None:
-        raise ValueError("block_table (paged KV) is not supported by flash_attn_varlen_func yet; "
-                         "pass contiguous k and v")
+        raise ValueError("block_table (paged KV) is not supported by flash_attn_varlen_func: pass contiguous k "
+                         "and v, or read paged caches with fmha.flash_attn_with_kvcache")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs)
