@@ -22,6 +22,11 @@ from .sdpa import scaled_dot_product_attention
 
 __version__ = _C.version()
 
+# For C++ consumers of the wheel: cmake -DCMAKE_PREFIX_PATH=<this> finds fmha::fmha.
+import os as _os
+
+cmake_prefix_path = _os.path.join(_os.path.dirname(_C.__file__), "lib", "cmake")
+
 __all__ = [
     "available_backends",
     "bert_padding",
