@@ -1,0 +1,106 @@
+// From raw q.k accumulators to scores in log2 units: scale, softcap, ALiBi and the mask
+// geometry of csrc/common/, applied to a wave's score tile.  Shared by the forward and both
+// backward kernels so all of them see exactly the same scores.
+//
+// A score tile is Acc<N> s[B]: B accumulator blocks stacked along the register dimension.
+// Element (b, r) of lane l sits at register index x = reg0 + b N + acc_row(r, l) and lane
+// index y = lane0 + l % N.  The forward and the deterministic dQ kernel hold S^T (queries
+// in lanes: i = y, j = x); the dK/dV kernel holds S (keys in lanes: i = x, j = y).
+#pragma once
+
+#include "tile/arch.h"  // first: HIP's __host__/__device__, which csrc/common/ uses
+
+#include <math.h>
+
+#include "../common/mask.h"
+#include "../common/softmax.h"
+#include "fmha/fmha.h"
+#include "tile/mfma.h"
+
+namespace fmha {
+namespace hip {
+
+template <bool kQueryInLanes, int N>
+struct ScoreCoords {
+  int reg0, lane0, lane;
+  FMHA_DEVICE int i(int b, int r) const { return kQueryInLanes ? lane0 + lane_index<N>(lane) : x(b, r); }
+  FMHA_DEVICE int j(int b, int r) const { return kQueryInLanes ? x(b, r) : lane0 + lane_index<N>(lane); }
+  FMHA_DEVICE int x(int b, int r) const { return reg0 + b * N + acc_row<N>(r, lane); }
+};
+
+struct ScoreMod {
+  float scale_log2;   // scale * log2(e)
+  float softcap_in;   // scale / softcap
+  float softcap_out;  // softcap * log2(e)
+  float slope_log2;   // ALiBi slope * log2(e), 0 without ALiBi
+  bool softcap;
+  // Plain scores (no softcap, no ALiBi, scale > 0) stay raw q.k after apply(): the softmax
+  // folds scale * log2(e) into its exp2 as one FMA (exp2(x * post_scale - max)).  The row
+  // max of raw scores is then the row max of scaled ones.  Otherwise post_scale is 1.
+  bool fold_scale;
+  float post_scale;
+  MaskGeometry geom;
+
+  FMHA_DEVICE static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
+    ScoreMod s;
+    s.scale_log2 = p.scale * kLog2e;
+    s.softcap = p.softcap > 0.f;
+    s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
+    s.softcap_out = p.softcap * kLog2e;
+    s.slope_log2 = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
+    s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
+    s.geom = geom;
+    return s;
+  }
+
+  // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the
+  // window band, the end of the keys or the end of the queries.
+  FMHA_DEVICE bool needs_mask(int m0, int m1, int n0, int kN) const {
+    return n0 + kN > geom.seqlen_k || m1 > geom.seqlen_q || !geom.tile_fully_visible(m0, m1, n0, n0 + kN);
+  }
+
+  // s (raw q.k) -> score * log2(e) / post_scale, or -inf where masked.  With kKeepTanh, th
+  // receives tanh(s / softcap) for the softcap gradient.  Each option is a separate pass so
+  // the uniform branch sits outside the unrolled loops.
+  template <bool kKeepTanh, bool kQueryInLanes, int N, int B>
+  FMHA_DEVICE void apply(Acc<N> (&s)[B], Acc<N> (&th)[B], const ScoreCoords<kQueryInLanes, N>& at, bool mask) const {
+    constexpr int R = Mfma<N>::kRegs;
+    if (softcap) {
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float t = tanh_f32(s[b][r] * softcap_in);
+          if (kKeepTanh) th[b][r] = t;
+          s[b][r] = t * softcap_out;
+        }
+    } else if (!fold_scale) {
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[b][r] *= scale_log2;
+    }
+    if (slope_log2 != 0.f) {
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[b][r] -= slope_log2 * geom.alibi_distance(at.i(b, r), at.j(b, r));
+    }
+    if (mask) {
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          // A select, not a branch: a branch around one vector element makes the compiler
+          // copy the whole accumulator block on both paths.
+          const int i = at.i(b, r), j = at.j(b, r);
+          const bool ok = (i < geom.seqlen_q) & (j < geom.seqlen_k) & geom.visible(i, j);
+          s[b][r] = ok ? s[b][r] : -INFINITY;
+        }
+    }
+  }
+};
+
+}  // namespace hip
+}  // namespace fmha
