@@ -235,17 +235,18 @@ class poisoned_outputs:
     silently missing if the package changes how it allocates.
     """
 
-    def __init__(self, expect_calls=True):
+    def __init__(self, expect_calls=True, module=None):
         self.expect_calls = expect_calls
+        self.module = module if module is not None else fmha.ops  # fmha.kvcache for the decode op
 
     def __enter__(self):
         self._proxy = _PoisonedTorch()
-        self._saved = fmha.ops.torch
-        fmha.ops.torch = self._proxy
+        self._saved = self.module.torch
+        self.module.torch = self._proxy
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        fmha.ops.torch = self._saved
+        self.module.torch = self._saved
         if exc_type is None and self.expect_calls:
             assert self._proxy.poisoned > 0, (
                 "poisoned_outputs(): fmha.ops allocated nothing through torch.empty; "

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A representative set of fmha GPU calls for compute-sanitizer (memcheck, racecheck):
 tile-unaligned lengths, causal/window/softcap/ALiBi/dropout, GQA, varlen with an empty
-sequence, deterministic and atomic backward, each head-dim class once.
+sequence, deterministic and atomic backward, each head-dim class once; decode with paged,
+8-bit and split caches, appends, rotary, and metadata out of range (clamped).
 
     compute-sanitizer --tool memcheck --kernel-regex kns=fmha python tools/sanitize_cases.py
 """
@@ -30,6 +31,31 @@ def run_varlen(d, dtype=torch.float16, **kw):
     out.backward(torch.randn_like(out))
 
 
+def run_decode(d, page=None, quant=None, splits=0, bad=False, dtype=torch.bfloat16, **kw):
+    b, cap, hk, hq = 3, 200 if page is None else 4 * page, 2, 8
+    kc, vc = (torch.randn(b, cap, hk, d, device="cuda", dtype=dtype) for _ in range(2))
+    extra = {}
+    if quant is not None:
+        kc, ks = fmha.quantize_kv_cache(kc, quant, "token")
+        vc, vs = fmha.quantize_kv_cache(vc, quant, "token")
+        extra = dict(k_scale=ks, v_scale=vs)
+    seqlens = torch.tensor([0, 37, cap - 2], dtype=torch.int32, device="cuda")
+    if page is not None:
+        kc, vc = kc.view(b * 4, page, hk, d), vc.view(b * 4, page, hk, d)
+        if quant is not None:
+            extra = {n: x.view(b * 4, page, hk) for n, x in extra.items()}
+        table = torch.arange(b * 4, dtype=torch.int32, device="cuda").flip(0).view(b, 4).contiguous()
+        if bad:
+            table[1, 1] = 10**6
+        extra["block_table"] = table
+    if bad:
+        seqlens = torch.tensor([1 << 30, -7, 5], dtype=torch.int32, device="cuda")
+        extra["cache_leftpad"] = torch.tensor([3, 1 << 20, -2], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 2, hq, d, device="cuda", dtype=dtype)
+    knew, vnew = (torch.randn(b, 2, hk, d, device="cuda", dtype=dtype) for _ in range(2))
+    fmha.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cache_seqlens=seqlens, num_splits=splits, **extra, **kw)
+
+
 def main():
     slopes = torch.rand(4, device="cuda")
     run(2, 200, 200, 4, 2, 128, causal=True)
@@ -41,6 +67,13 @@ def main():
     run(1, 40, 50, 2, 1, 40, dtype=torch.float32, causal=True)  # fp32 path, padded head dim
     run_varlen(64, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
+    cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    run_decode(128, causal=True, rotary_cos=cos, rotary_sin=sin, splits=3)
+    run_decode(64, page=16, quant=torch.float8_e4m3fn, splits=2, causal=True)
+    run_decode(256, page=48, quant=torch.int8, window_size=(30, 0))
+    run_decode(128, page=16, bad=True, splits=4, causal=True)
+    run_decode(80, bad=True, dtype=torch.float16)
+    run_decode(64, quant=torch.int8, dtype=torch.float32, causal=True)  # fp32 row-wise path
     torch.cuda.synchronize()
     print("sanitize cases done")
 

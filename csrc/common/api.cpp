@@ -67,6 +67,23 @@ size_t bwd_workspace_bytes(const fmha_bwd_params& p) {
   }
 }
 
+// Decode kernels exist for the CPU and CUDA; the HIP backend has none yet.
+[[noreturn]] void no_decode(fmha_device d) {
+  if (d == FMHA_DEVICE_HIP)
+    FMHA_UNSUPPORTED("fmha_decode has no HIP kernels yet (AMD decode is not built); pass CPU tensors");
+  not_built(d);
+}
+
+size_t decode_workspace_bytes(const fmha_decode_params& p) {
+  switch (p.device) {
+    case FMHA_DEVICE_CPU: return 0;
+#if defined(FMHA_WITH_CUDA)
+    case FMHA_DEVICE_CUDA: return cuda::decode_workspace_size(p);
+#endif
+    default: no_decode(p.device);
+  }
+}
+
 }  // namespace
 }  // namespace fmha
 
@@ -146,8 +163,9 @@ FMHA_API fmha_status fmha_bwd(const fmha_bwd_params* params, void* stream) {
 FMHA_API fmha_status fmha_decode_workspace_size(const fmha_decode_params* params, size_t* bytes) {
   return guarded([&] {
     FMHA_REQUIRE(bytes != nullptr, "fmha_decode_workspace_size: bytes is NULL");
-    validate(read_params(params));
-    *bytes = 0;  // the CPU decode needs none; GPU split-KV partials will
+    const fmha_decode_params p = read_params(params);
+    validate(p);
+    *bytes = decode_workspace_bytes(p);
   });
 }
 
@@ -155,11 +173,20 @@ FMHA_API fmha_status fmha_decode(const fmha_decode_params* params, void* stream)
   return guarded([&] {
     const fmha_decode_params p = read_params(params);
     validate(p);
-    if (p.device != FMHA_DEVICE_CPU)
-      FMHA_UNSUPPORTED("fmha_decode runs on the CPU backend only in this version: GPU decode kernels (paged, "
-                       "split-KV) are not built yet");
-    validate_host_metadata(p);
-    cpu::decode(p);
+    const size_t need = decode_workspace_bytes(p);
+    FMHA_REQUIRE(need == 0 || (p.workspace != nullptr && p.workspace_size >= need),
+                 "workspace of %zu bytes at %p is too small: fmha_decode_workspace_size() asks for %zu",
+                 p.workspace_size, p.workspace, need);
+    switch (p.device) {
+      case FMHA_DEVICE_CPU:
+        validate_host_metadata(p);
+        cpu::decode(p);
+        break;
+#if defined(FMHA_WITH_CUDA)
+      case FMHA_DEVICE_CUDA: cuda::decode(p, stream); break;
+#endif
+      default: no_decode(p.device);
+    }
     (void)stream;
   });
 }

@@ -21,6 +21,8 @@ namespace cuda {
 void fwd(const fmha_fwd_params& p, void* stream);
 size_t bwd_workspace_size(const fmha_bwd_params& p);
 void bwd(const fmha_bwd_params& p, void* stream);
+size_t decode_workspace_size(const fmha_decode_params& p);
+void decode(const fmha_decode_params& p, void* stream);
 void capabilities(fmha_capabilities* caps);
 }  // namespace cuda
 #endif

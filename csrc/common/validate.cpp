@@ -160,6 +160,9 @@ void validate(const fmha_decode_params& p) {
   }
   FMHA_REQUIRE(!work || p.cache_seqlens != nullptr, "cache_seqlens is NULL: the decode needs each cache's length");
   FMHA_REQUIRE(p.seqlen_new >= 0, "seqlen_new must be >= 0 (got %d)", p.seqlen_new);
+  const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
+  FMHA_REQUIRE(p.seqlen_new <= capacity, "%d new tokens do not fit a cache of %lld positions per sequence",
+               p.seqlen_new, (long long)capacity);
   if (p.rotary_dim != 0) {
     FMHA_REQUIRE(p.rotary_dim > 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
                  "rotary_dim must be even and between 2 and head_dim %d (got %d)", p.head_dim, p.rotary_dim);

@@ -88,9 +88,10 @@ void decode(const fmha_decode_params& p) {
     parallel_for((int64_t)p.batch * p.num_heads_k, [&](int64_t item) {
       const int32_t b = (int32_t)(item / p.num_heads_k), hk = (int32_t)(item % p.num_heads_k);
       const CacheView cv{&p, b};
+      const DecodeSequence seq = DecodeSequence::get(p, b);
       std::vector<float> row(D);
       for (int32_t t = 0; t < p.seqlen_new; ++t) {
-        const int32_t pos = p.cache_seqlens[b] + t;
+        const int32_t pos = seq.filled + t;
         load_row(p.dtype, p.k_new.data, bshd(p.k_new, b, t, hk), D, row.data());
         rotate(p, row.data(), pos);
         store_cache_row(p, cv, p.k_cache, p.k_scale, pos, hk, row.data());
@@ -105,8 +106,8 @@ void decode(const fmha_decode_params& p) {
   parallel_for((int64_t)p.batch * p.num_heads_q, [&](int64_t item) {
     const int32_t b = (int32_t)(item / p.num_heads_q), h = (int32_t)(item % p.num_heads_q), hk = h / group;
     const CacheView cv{&p, b};
-    const int32_t filled = p.cache_seqlens[b], leftpad = p.cache_leftpad ? p.cache_leftpad[b] : 0;
-    const int32_t len_k = filled + p.seqlen_new - leftpad;
+    const DecodeSequence seq = DecodeSequence::get(p, b);
+    const int32_t filled = seq.filled, leftpad = seq.leftpad, len_k = seq.len_k;
     const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, len_k, p.window_left, p.window_right, false);
     const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
     const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "bwd_kernel.h"
+#include "decode_kernel.h"
 #include "fwd_kernel.h"
 
 namespace fmha {
@@ -35,6 +36,11 @@ using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, FwdTile<D>::kN, FwdTile<D>::kW
 
 template <class T, int D, bool kDropout, bool kSoftcap>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kSoftcap>;
+
+// Decode: head dims 64, 128, 256 (others run with zero-filled columns); the tile and ring
+// depth follow from the head dim and cache kind (decode_kernel.h).
+template <class T, CacheKind kCache, int D>
+using DecodeConfig = DecodeTraits<T, kCache, D>;
 
 template <class T, int D, bool kDropout, bool kSoftcap>
 using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kSoftcap>;

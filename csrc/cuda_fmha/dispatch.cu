@@ -39,14 +39,6 @@ void set_max_smem(const void* kernel, int bytes) {
   done.insert({kernel, device});
 }
 
-namespace {
-
-constexpr int kThreadsRow = 32 * kRowWarps;
-
-int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
-
-// Tensor-core kernels read and write 16-byte rows: 16-byte aligned pointers, strides and a
-// head dim in multiples of 8 elements.  The Python package pads and copies to get there.
 void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes) {
   const int vec = 16 / elem_bytes;
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.row_stride % vec != 0 || t.head_stride % vec != 0 ||
@@ -58,6 +50,12 @@ void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, i
     FMHA_UNSUPPORTED("the CUDA kernels need head_dim to be a multiple of %d (got %d); pad the head dimension",
                      vec, head_dim);
 }
+
+namespace {
+
+constexpr int kThreadsRow = 32 * kRowWarps;
+
+int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
 int padded_head_dim(int d) {
   for (int hd : kHeadDims)
@@ -232,7 +230,7 @@ void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
   caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_TRAINING;
+  caps->features = FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE;
   snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_CUDA_ARCH_LIST);
 }
 

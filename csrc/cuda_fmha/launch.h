@@ -16,6 +16,10 @@ void check_cuda(cudaError_t err, const char* what);
 // Allows a kernel more than 48 KB of dynamic shared memory (once per kernel and device).
 void set_max_smem(const void* kernel, int bytes);
 
+// Throws NOT_SUPPORTED unless t (of elem_bytes elements) is 16-byte aligned with every stride,
+// and head_dim, a multiple of 16 bytes: the tensor-core kernels move 16-byte rows.
+void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes);
+
 template <class Traits>
 void run_fwd(const fmha_fwd_params& p, cudaStream_t stream);
 
@@ -24,6 +28,9 @@ void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool
 
 template <class Traits>
 void run_bwd_dq(const fmha_bwd_params& p, const float* delta, cudaStream_t stream);
+
+template <class Traits>
+void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, float* lse_part, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fmha

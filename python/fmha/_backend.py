@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _C
@@ -20,13 +22,18 @@ def available_backends() -> frozenset:
     return frozenset(n for n, d in names.items() if _C.capabilities(d)["available"])
 
 
+@functools.lru_cache(maxsize=None)
+def _available(kind: "_C.Device") -> bool:
+    return bool(_C.capabilities(kind)["available"])
+
+
 def fmha_device(device: torch.device) -> "_C.Device":
     """The libfmha backend for a torch device; raises if this build lacks it."""
     if device.type == "cpu":
         return _C.Device.cpu
     if device.type == "cuda":
         kind = _C.Device.hip if torch.version.hip else _C.Device.cuda
-        if not _C.capabilities(kind)["available"]:
+        if not _available(kind):
             name = "HIP" if torch.version.hip else "CUDA"
             raise ValueError(
                 f"tensors are on {device}, but this fmha build has no {name} kernels "

@@ -126,5 +126,23 @@ extern template void run_bwd<BwdConfig<__nv_bfloat16, 256, true, false>>(const f
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 256, true, false>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 256, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 256, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 }  // namespace cuda
 }  // namespace fmha

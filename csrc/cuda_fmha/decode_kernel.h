@@ -1,0 +1,444 @@
+// Decode attention against a KV cache (flash_attn_with_kvcache) on sm80+: flash-decoding.
+//
+// A CTA owns one (sequence, KV head, split): the query rows of every query head that shares
+// the KV head are packed into one 16-row tile (row r = i * group + head-in-group), so each
+// cache row is read once for the whole group.  The cache range the tile can see is cut into
+// 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its four
+// warps take every fourth block each.  Each warp streams its blocks through its own ring of
+// shared-memory stages with cp.async and no block-wide barrier, keeping its own online
+// softmax; the warps merge by LSE at the end, and splits are merged by a second kernel
+// (decode_combine_kernel) from fp32 partials.
+//
+// Positions, not keys, are tiled: blocks start at multiples of 16 in the cache, so a block
+// never straddles a page (page sizes are multiples of 16) and needs one block-table lookup.
+// Key j is position leftpad + j; positions outside [leftpad, filled + seqlen_new) are
+// zero-filled by the copy (never read) and masked.
+//
+// 8-bit caches (fp8 e4m3, int8) are staged as bytes and turned into mma operands in
+// registers (tile/cvt8.h).  The head dimension is permuted consistently so each thread
+// reads contiguous bytes: for q.k, thread t of a quad owns dims [t D/4, (t + 1) D/4) of
+// every key (4 per k-step) and q is read in the same order; for P V, thread g owns output
+// dims [g D/8, (g + 1) D/8) (n-block n is dim g D/8 + n).  Scales multiply scores (k_scale)
+// and probabilities (v_scale) per key, never each element.
+#pragma once
+
+#include <math.h>
+
+#include <type_traits>
+
+#include "../common/kv_cache.h"
+#include "../common/mask.h"
+#include "../common/softmax.h"
+#include "fmha/fmha.h"
+#include "rowwise.h"
+#include "tile/cvt8.h"
+#include "tile/mma.h"
+#include "tile/smem.h"
+
+namespace fmha {
+namespace cuda {
+
+enum class CacheKind { kPlain, kFp8, kInt8 };
+
+template <class T_, CacheKind kCache_, int kHeadDim_>
+struct DecodeTraits {
+  using T = T_;
+  static constexpr CacheKind kCache = kCache_;
+  static constexpr bool kQuant = kCache != CacheKind::kPlain;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kNWarps = 4, kThreads = 32 * kNWarps;
+  static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of O
+  static_assert(kHeadDim % 64 == 0, "decode head dims are 64, 128, 256");
+  using TileQ = SmemTile<16, kHeadDim>;
+  // One 16-row cache block as stored: T, or 8-bit rows viewed as pairs (kHeadDim / 2 columns).
+  using TileKV = SmemTile<16, kQuant ? kHeadDim / 2 : kHeadDim>;
+  static constexpr int kScaleBytes = kQuant ? 2 * 16 * 4 : 0;  // per-token k, v scales of the block
+  static constexpr int kStageBytes = 2 * TileKV::kBytes + kScaleBytes;
+  // About 96 KB of stages per CTA: two CTAs per SM on sm80/sm90, one on 99 KB parts.
+  static constexpr int kStagesRaw = 96 * 1024 / (kNWarps * kStageBytes);
+  static constexpr int kStages = kStagesRaw < 2 ? 2 : kStagesRaw > 6 ? 6 : kStagesRaw;
+  static constexpr int kRingBytes = kNWarps * kStages * kStageBytes;
+  static constexpr int kCombineStride = kHeadDim + 4;  // fp32 row stride of the warp merge
+  static constexpr int kCombineBytes = kNWarps * 16 * (kCombineStride + 2) * 4;
+  static constexpr int kSmemBytes = kRingBytes > kCombineBytes ? kRingBytes : kCombineBytes;
+  // q waits in the last warp's last stage, which is first loaded after the q fragments are built.
+  static_assert(TileQ::kBytes <= kStageBytes, "q tile must fit one stage");
+};
+
+// Where a CTA's rows and cache blocks are; shared by the kernel and its host-side planner.
+struct DecodeWork {
+  static constexpr int kRows = 16, kBlock = 16;
+  __host__ __device__ static int m_tiles(const fmha_decode_params& p) {
+    return (p.seqlen_q * (p.num_heads_q / p.num_heads_k) + kRows - 1) / kRows;
+  }
+};
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads)
+    decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
+  using T = typename K::T;
+  using TileQ = typename K::TileQ;
+  using TileKV = typename K::TileKV;
+  using Elem = std::conditional_t<K::kQuant, uint8_t, T>;  // cache element
+  constexpr int D = K::kHeadDim, kDT = K::kDT, kS = K::kStages;
+  constexpr int kUnit = K::kQuant ? 2 : 1;  // cache elements per 16-bit tile column
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int group = p.num_heads_q / p.num_heads_k;
+  const int m_tiles = DecodeWork::m_tiles(p);
+  const int hk = blockIdx.y / m_tiles;
+  const int rows = p.seqlen_q * group;
+  const int r0 = (blockIdx.y % m_tiles) * 16, r1 = min(r0 + 16, rows);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int d = p.head_dim;
+
+  const CacheView cv{&p, b};
+  const DecodeSequence seq = DecodeSequence::get(p, b);
+  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
+  const int i0 = r0 / group, i1 = (r1 - 1) / group + 1;  // query rows of the tile
+  const int kb = geom.key_begin(i0), ke = max(kb, geom.key_end(i1));
+  const int blk_begin = (seq.leftpad + kb) / 16, blk_end = (seq.leftpad + ke + 15) / 16;
+  const int per_split = (blk_end - blk_begin + num_splits - 1) / num_splits;
+  const int my_begin = blk_begin + split * per_split, my_end = min(my_begin + per_split, blk_end);
+  const int n_mine = my_end - my_begin > warp ? (my_end - my_begin - warp + K::kNWarps - 1) / K::kNWarps : 0;
+
+  extern __shared__ __align__(128) char smem[];
+  char* ring = smem + warp * kS * K::kStageBytes;
+  T* sQ = reinterpret_cast<T*>(smem + (K::kNWarps * kS - 1) * K::kStageBytes);
+
+  // 1. Gather the packed q rows (zeros past the tile's rows and the head dim).
+  const T* q = static_cast<const T*>(p.q.data);
+  for (int idx = tid; idx < 16 * (D / 8); idx += K::kThreads) {
+    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8, row = r0 + r;
+    const bool ok = row < r1 && c < d;
+    const T* src = ok ? q + (int64_t)b * p.q.batch_stride + (int64_t)(row / group) * p.q.row_stride +
+                            (int64_t)(hk * group + row % group) * p.q.head_stride + c
+                      : q;
+    cp_async_16(sQ + TileQ::offset(r, c), src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+
+  // 2. Start this warp's cache stream: block it is my_begin + warp + 4 it.
+  const Elem* k_cache = static_cast<const Elem*>(p.k_cache.data);
+  const Elem* v_cache = static_cast<const Elem*>(p.v_cache.data);
+  const bool per_token = K::kQuant && p.scaling == FMHA_SCALE_PER_TOKEN;
+  auto load_block = [&](int it) {
+    const int pos0 = (my_begin + warp + K::kNWarps * it) * 16;
+    char* st = ring + (it % kS) * K::kStageBytes;
+    const int64_t outer = cv.outer(pos0), row0 = cv.row(pos0);
+    const int64_t k_base = outer * p.k_cache.batch_stride + row0 * p.k_cache.row_stride + hk * p.k_cache.head_stride;
+    const int64_t v_base = outer * p.v_cache.batch_stride + row0 * p.v_cache.row_stride + hk * p.v_cache.head_stride;
+    constexpr int kChunks = TileKV::kChunks, kRowStep = 32 / kChunks;
+    const int c = (lane % kChunks) * 8;
+    const bool col_ok = c * kUnit < d;
+#pragma unroll
+    for (int rr = 0; rr < 16 / kRowStep; ++rr) {
+      const int r = lane / kChunks + rr * kRowStep, pos = pos0 + r;
+      const bool ok = col_ok && pos >= seq.leftpad && pos < seq.end();
+      const int64_t off = r * p.k_cache.row_stride + c * kUnit;
+      cp_async_16(reinterpret_cast<Elem*>(st) + TileKV::offset(r, c) * kUnit, ok ? k_cache + k_base + off : k_cache,
+                  ok ? 16 : 0);
+      const int64_t voff = r * p.v_cache.row_stride + c * kUnit;
+      cp_async_16(reinterpret_cast<Elem*>(st + TileKV::kBytes) + TileKV::offset(r, c) * kUnit,
+                  ok ? v_cache + v_base + voff : v_cache, ok ? 16 : 0);
+    }
+    if (per_token) {
+      const int r = lane % 16, pos = pos0 + r;
+      const bool ok = pos >= seq.leftpad && pos < seq.end();
+      const float* src = lane < 16 ? p.k_scale : p.v_scale;
+      cp_async_4(st + 2 * TileKV::kBytes + lane * 4, ok ? src + cv.scale_index(pos, hk) : src, ok ? 4 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < n_mine) load_block(s);
+    cp_async_commit();
+  }
+
+  // 3. Rotary embedding of q in place, then q fragments into registers.
+  cp_async_wait<kS - 1>();
+  __syncthreads();
+  if (p.rotary_dim > 0) {
+    const int half = p.rotary_dim / 2;
+    const bool per_row = p.window_left >= 0 || p.window_right >= 0;
+    const T* cos_t = static_cast<const T*>(p.rotary_cos);
+    const T* sin_t = static_cast<const T*>(p.rotary_sin);
+    for (int idx = tid; idx < 16 * half; idx += K::kThreads) {
+      const int r = idx / half, k = idx % half, row = r0 + r;
+      if (row >= r1) continue;
+      const int pos = clamp_index((int64_t)seq.filled + (per_row ? row / group : 0), 0, p.seqlen_ro - 1);
+      const float cs = to_float(cos_t[(int64_t)pos * half + k]), sn = to_float(sin_t[(int64_t)pos * half + k]);
+      const int a = p.rotary_interleaved ? 2 * k : k, c = p.rotary_interleaved ? 2 * k + 1 : k + half;
+      const float x = to_float(sQ[TileQ::offset(r, a)]), y = to_float(sQ[TileQ::offset(r, c)]);
+      sQ[TileQ::offset(r, a)] = from_float<T>(x * cs - y * sn);
+      sQ[TileQ::offset(r, c)] = from_float<T>(x * sn + y * cs);
+    }
+    __syncthreads();
+  }
+  uint32_t qf[D / 16][4];
+  if constexpr (!K::kQuant) {
+    const auto a_q = ldsm_a<TileQ>(sQ, lane);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], a_q(0, kk * 16));
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = t * (D / 4) + 4 * kk;  // logical k 2t, 2t+1 -> dims c, c+1; 2t+8, 2t+9 -> c+2, c+3
+      qf[kk][0] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g, c));
+      qf[kk][1] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g + 8, c));
+      qf[kk][2] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g, c + 2));
+      qf[kk][3] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g + 8, c + 2));
+    }
+  }
+  __syncthreads();  // every warp has its q fragments: the last stage may now be loaded
+
+  // Scores: this thread's two rows (g, g + 8) of the tile.
+  const float scale_log2 = p.scale * kLog2e;
+  const bool softcap = p.softcap > 0.f;
+  const float softcap_in = softcap ? p.scale / p.softcap : 0.f, softcap_out = p.softcap * kLog2e;
+  int qi[2];
+  float slope_log2[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int row = min(r0 + g + 8 * ri, rows - 1);
+    qi[ri] = row / group;
+    slope_log2[ri] = p.alibi_slopes
+                         ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + hk * group + row % group] * kLog2e
+                         : 0.f;
+  }
+  const bool alibi = p.alibi_slopes != nullptr;
+  const bool fold_scale = !softcap && !alibi && p.scale > 0.f;
+  const float post_scale = fold_scale ? scale_log2 : 1.f;
+  const float head_k_scale = K::kQuant && !per_token ? p.k_scale[hk] : 1.f;
+  const float head_v_scale = K::kQuant && !per_token ? p.v_scale[hk] : 1.f;
+
+  float acc_o[1][kDT][4];
+  clear(acc_o);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  for (int it = 0; it < n_mine; ++it) {
+    if (it + kS - 1 < n_mine) load_block(it + kS - 1);
+    cp_async_commit();
+    cp_async_wait<kS - 1>();
+    __syncwarp();
+    const char* st = ring + (it % kS) * K::kStageBytes;
+    const int j0 = (my_begin + warp + K::kNWarps * it) * 16 - seq.leftpad;  // key of the block's first row
+
+    // S = Q K^T for the block's 16 keys (two 8-key n-blocks).
+    float s[1][2][4];
+    clear(s);
+    if constexpr (!K::kQuant) {
+      const auto b_k = ldsm_b<TileKV>(st, lane);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, b_k(0, kk * 16));
+        mma_16816<T>(s[0][0], qf[kk], bk[0], bk[1]);
+        mma_16816<T>(s[0][1], qf[kk], bk[2], bk[3]);
+      }
+    } else {
+      const uint16_t* sK = reinterpret_cast<const uint16_t*>(st);
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+        uint32_t kw[D / 16];
+#pragma unroll
+        for (int ch = 0; ch < D / 64; ++ch) {
+          const uint4 v = *reinterpret_cast<const uint4*>(sK + TileKV::offset(g + 8 * nb, t * (D / 8) + ch * 8));
+          kw[4 * ch] = v.x, kw[4 * ch + 1] = v.y, kw[4 * ch + 2] = v.z, kw[4 * ch + 3] = v.w;
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t b0, b1;
+          if constexpr (K::kCache == CacheKind::kFp8) {
+            b0 = fp8_pair<T>(prmt(kw[kk], 0, 0x1000)), b1 = fp8_pair<T>(prmt(kw[kk], 0, 0x3020));
+          } else {
+            b0 = int8_pair<T>(prmt(kw[kk], 0, 0x1000)), b1 = int8_pair<T>(prmt(kw[kk], 0, 0x3020));
+          }
+          mma_16816<T>(s[0][nb], qf[kk], b0, b1);
+        }
+      }
+    }
+
+    // Per-key scales of 8-bit caches: columns nb * 8 + 2t + e % 2.
+    float ks[2][2], vs[2][2];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float* sc = reinterpret_cast<const float*>(st + 2 * TileKV::kBytes);
+        ks[nb][e] = per_token ? sc[nb * 8 + 2 * t + e] : head_k_scale;
+        vs[nb][e] = per_token ? sc[16 + nb * 8 + 2 * t + e] : head_v_scale;
+      }
+
+    // Scores in log2 units (raw q.k when fold_scale), masked where needed.
+    const bool mask = j0 < 0 || j0 + 16 > seq.len_k || !geom.tile_fully_visible(i0, i1, j0, j0 + 16);
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[0][nb][e];
+        if (K::kQuant) x *= ks[nb][e % 2];
+        if (softcap)
+          x = fast_tanh(x * softcap_in) * softcap_out;
+        else if (!fold_scale)
+          x *= scale_log2;
+        const int ri = e / 2, j = j0 + nb * 8 + 2 * t + e % 2;
+        if (alibi) x -= slope_log2[ri] * geom.alibi_distance(qi[ri], j);
+        if (mask && !(j >= 0 && j < seq.len_k && geom.visible(qi[ri], j))) x = -INFINITY;
+        s[0][nb][e] = x;
+      }
+
+    // Online softmax of the two rows.
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      float mx = fmaxf(fmaxf(s[0][0][2 * ri], s[0][0][2 * ri + 1]), fmaxf(s[0][1][2 * ri], s[0][1][2 * ri + 1]));
+      mx = fmaxf(row_max[ri], quad_max(mx) * post_scale);
+      const float rescale = softmax_rescale(row_max[ri], mx);
+      const float ref = softmax_ref_max(mx);
+      row_max[ri] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
+          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, -ref));
+          sum += pe;
+          s[0][nb][e] = K::kQuant ? pe * vs[nb][e % 2] : pe;
+        }
+      row_sum[ri] = row_sum[ri] * rescale + sum;
+#pragma unroll
+      for (int n = 0; n < kDT; ++n) acc_o[0][n][2 * ri] *= rescale, acc_o[0][n][2 * ri + 1] *= rescale;
+    }
+
+    // O += P V.
+    uint32_t a_p[1][1][4];
+    acc_to_a<T>(a_p, s);
+    if constexpr (!K::kQuant) {
+      gemm_rs<TileKV, 1, 1, kDT, T>(acc_o, a_p, ldsm_bt<TileKV>(st + TileKV::kBytes, lane), 0, 0);
+    } else {
+      const uint16_t* sV = reinterpret_cast<const uint16_t*>(st + TileKV::kBytes);
+      constexpr int kWords = D / 32;  // bytes [g D/8, (g + 1) D/8) of a row, as words
+      uint32_t vw[4][kWords];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int key = 2 * t + (k % 2) + 8 * (k / 2);  // keys 2t, 2t+1, 2t+8, 2t+9
+        const uint16_t* src = sV + TileKV::offset(key, g * (D / 16));
+        if constexpr (kWords == 2) {
+          const uint2 v = *reinterpret_cast<const uint2*>(src);
+          vw[k][0] = v.x, vw[k][1] = v.y;
+        } else {
+#pragma unroll
+          for (int ch = 0; ch < kWords / 4; ++ch) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sV + TileKV::offset(key, g * (D / 16) + ch * 8));
+            vw[k][4 * ch] = v.x, vw[k][4 * ch + 1] = v.y, vw[k][4 * ch + 2] = v.z, vw[k][4 * ch + 3] = v.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kDT; ++n) {
+        const uint32_t sel = ((4u + n % 4) << 12) | ((uint32_t)(n % 4) << 4);
+        uint32_t b0, b1;
+        if constexpr (K::kCache == CacheKind::kFp8) {
+          b0 = fp8_pair<T>(prmt(vw[0][n / 4], vw[1][n / 4], sel));
+          b1 = fp8_pair<T>(prmt(vw[2][n / 4], vw[3][n / 4], sel));
+        } else {
+          b0 = int8_pair<T>(prmt(vw[0][n / 4], vw[1][n / 4], sel));
+          b1 = int8_pair<T>(prmt(vw[2][n / 4], vw[3][n / 4], sel));
+        }
+        mma_16816<T>(acc_o[0][n], a_p[0][0], b0, b1);
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is loaded again
+  }
+
+  // 4. Merge the four warps by LSE through shared memory, then write out (or the split's
+  // fp32 partial and LSE).
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr int kStride = K::kCombineStride;
+  float* red_o = reinterpret_cast<float*>(smem);
+  float* red_m = red_o + K::kNWarps * 16 * kStride;
+  float* red_l = red_m + K::kNWarps * 16;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float l = quad_sum(row_sum[ri]);
+    if (t == 0) red_m[warp * 16 + g + 8 * ri] = row_max[ri], red_l[warp * 16 + g + 8 * ri] = l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = g + 8 * ri;
+    float m_all = -INFINITY, l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + r]);
+#pragma unroll
+    for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + r] * softmax_rescale(red_m[w * 16 + r], m_all);
+    const float f = softmax_rescale(row_max[ri], m_all) * softmax_inv_sum(l_all);
+#pragma unroll
+    for (int n = 0; n < kDT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = K::kQuant ? (2 * t + e) * (D / 8) + n : n * 8 + 2 * t + e;
+        red_o[(warp * 16 + r) * kStride + c] = acc_o[0][n][2 * ri + e] * f;
+      }
+  }
+  __syncthreads();
+  const bool split_out = num_splits > 1;
+  for (int idx = tid; idx < 16 * (D / 8); idx += K::kThreads) {
+    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8, row = r0 + r;
+    if (row >= r1 || c >= d) continue;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < K::kNWarps; ++w)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] += red_o[(w * 16 + r) * kStride + c + e];
+    const int i = row / group, h = hk * group + row % group;
+    if (split_out) {
+      float* dst = o_part + ((((int64_t)split * p.batch + b) * p.num_heads_q + h) * p.seqlen_q + i) * d + c;
+      reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
+    } else {
+      T* dst = static_cast<T*>(p.out.data) + (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride +
+               (int64_t)h * p.out.head_stride + c;
+      *reinterpret_cast<uint4*>(dst) =
+          make_uint4(pack2<T>(o[0], o[1]), pack2<T>(o[2], o[3]), pack2<T>(o[4], o[5]), pack2<T>(o[6], o[7]));
+    }
+  }
+  if (tid < 16 && r0 + tid < r1) {
+    float m_all = -INFINITY, l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + tid]);
+#pragma unroll
+    for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + tid] * softmax_rescale(red_m[w * 16 + tid], m_all);
+    const int row = r0 + tid, i = row / group, h = hk * group + row % group;
+    const int64_t idx = ((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i;
+    const float lse = softmax_lse(m_all, l_all);
+    if (split_out)
+      lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = lse;
+    else if (p.lse != nullptr)
+      p.lse[idx] = lse;
+  }
+}
+
+}  // namespace cuda
+}  // namespace fmha
+
+#include "launch.h"
+
+namespace fmha {
+namespace cuda {
+
+template <class Traits>
+void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, float* lse_part, cudaStream_t stream) {
+  const dim3 grid(num_splits, p.num_heads_k * DecodeWork::m_tiles(p), p.batch);
+  auto kernel = decode_kernel<Traits>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, o_part, lse_part, num_splits);
+  check_cuda(cudaGetLastError(), "decode_kernel launch");
+}
+
+}  // namespace cuda
+}  // namespace fmha
