@@ -28,9 +28,11 @@
 
 #include "../common/kv_cache.h"
 #include "../common/mask.h"
+#include "../common/rotary.h"
 #include "../common/softmax.h"
 #include "fmha/fmha.h"
 #include "rowwise.h"
+#include "scores.h"
 #include "tile/cvt8.h"
 #include "tile/mma.h"
 #include "tile/smem.h"
@@ -168,11 +170,12 @@ __global__ void __launch_bounds__(K::kThreads)
       const int r = idx / half, k = idx % half, row = r0 + r;
       if (row >= r1) continue;
       const int pos = clamp_index((int64_t)seq.filled + (per_row ? row / group : 0), 0, p.seqlen_ro - 1);
-      const float cs = to_float(cos_t[(int64_t)pos * half + k]), sn = to_float(sin_t[(int64_t)pos * half + k]);
-      const int a = p.rotary_interleaved ? 2 * k : k, c = p.rotary_interleaved ? 2 * k + 1 : k + half;
-      const float x = to_float(sQ[TileQ::offset(r, a)]), y = to_float(sQ[TileQ::offset(r, c)]);
-      sQ[TileQ::offset(r, a)] = from_float<T>(x * cs - y * sn);
-      sQ[TileQ::offset(r, c)] = from_float<T>(x * sn + y * cs);
+      int a, c;
+      rotary_pair(k, p.rotary_dim, p.rotary_interleaved != 0, &a, &c);
+      float x = to_float(sQ[TileQ::offset(r, a)]), y = to_float(sQ[TileQ::offset(r, c)]);
+      rotate_pair(&x, &y, to_float(cos_t[(int64_t)pos * half + k]), to_float(sin_t[(int64_t)pos * half + k]));
+      sQ[TileQ::offset(r, a)] = from_float<T>(x);
+      sQ[TileQ::offset(r, c)] = from_float<T>(y);
     }
     __syncthreads();
   }
@@ -193,10 +196,10 @@ __global__ void __launch_bounds__(K::kThreads)
   }
   __syncthreads();  // every warp has its q fragments: the last stage may now be loaded
 
-  // Scores: this thread's two rows (g, g + 8) of the tile.
-  const float scale_log2 = p.scale * kLog2e;
-  const bool softcap = p.softcap > 0.f;
-  const float softcap_in = softcap ? p.scale / p.softcap : 0.f, softcap_out = p.softcap * kLog2e;
+  // Scores: scale and softcap by ScoreMod; ALiBi (a slope per packed row) and the mask here,
+  // for this thread's two rows (g, g + 8) of the tile.
+  const bool alibi = p.alibi_slopes != nullptr;
+  const ScoreMod score = ScoreMod::make(p.scale, p.softcap, alibi, 0.f, geom);
   int qi[2];
   float slope_log2[2];
 #pragma unroll
@@ -207,9 +210,7 @@ __global__ void __launch_bounds__(K::kThreads)
                          ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + hk * group + row % group] * kLog2e
                          : 0.f;
   }
-  const bool alibi = p.alibi_slopes != nullptr;
-  const bool fold_scale = !softcap && !alibi && p.scale > 0.f;
-  const float post_scale = fold_scale ? scale_log2 : 1.f;
+  const float post_scale = score.post_scale;
   const float head_k_scale = K::kQuant && !per_token ? p.k_scale[hk] : 1.f;
   const float head_v_scale = K::kQuant && !per_token ? p.v_scale[hk] : 1.f;
 
@@ -271,23 +272,25 @@ __global__ void __launch_bounds__(K::kThreads)
         vs[nb][e] = per_token ? sc[16 + nb * 8 + 2 * t + e] : head_v_scale;
       }
 
-    // Scores in log2 units (raw q.k when fold_scale), masked where needed.
+    // Scores in log2 units (raw q.k when the scale is folded), masked where needed.
+    if constexpr (K::kQuant) {
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][nb][e] *= ks[nb][e % 2];
+    }
+    score.apply(s, 0, 0, 0, lane, false);  // scale / softcap only: slope 0, no mask
     const bool mask = j0 < 0 || j0 + 16 > seq.len_k || !geom.tile_fully_visible(i0, i1, j0, j0 + 16);
+    if (alibi || mask) {
 #pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
+      for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[0][nb][e];
-        if (K::kQuant) x *= ks[nb][e % 2];
-        if (softcap)
-          x = fast_tanh(x * softcap_in) * softcap_out;
-        else if (!fold_scale)
-          x *= scale_log2;
-        const int ri = e / 2, j = j0 + nb * 8 + 2 * t + e % 2;
-        if (alibi) x -= slope_log2[ri] * geom.alibi_distance(qi[ri], j);
-        if (mask && !(j >= 0 && j < seq.len_k && geom.visible(qi[ri], j))) x = -INFINITY;
-        s[0][nb][e] = x;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int ri = e / 2, j = j0 + nb * 8 + 2 * t + e % 2;
+          if (alibi) s[0][nb][e] -= slope_log2[ri] * geom.alibi_distance(qi[ri], j);
+          if (mask && !(j >= 0 && j < seq.len_k && geom.visible(qi[ri], j))) s[0][nb][e] = -INFINITY;
+        }
+    }
 
     // Online softmax of the two rows.
 #pragma unroll
@@ -375,6 +378,14 @@ __global__ void __launch_bounds__(K::kThreads)
 #pragma unroll
     for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + r] * softmax_rescale(red_m[w * 16 + r], m_all);
     const float f = softmax_rescale(row_max[ri], m_all) * softmax_inv_sum(l_all);
+    const int row = r0 + r;
+    if (warp == 0 && t == 0 && row < r1) {  // the tile row's LSE, once
+      const int64_t idx = ((int64_t)b * p.num_heads_q + hk * group + row % group) * p.seqlen_q + row / group;
+      if (num_splits > 1)
+        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all, l_all);
+      else if (p.lse != nullptr)
+        p.lse[idx] = softmax_lse(m_all, l_all);
+    }
 #pragma unroll
     for (int n = 0; n < kDT; ++n)
 #pragma unroll
@@ -406,20 +417,6 @@ __global__ void __launch_bounds__(K::kThreads)
       *reinterpret_cast<uint4*>(dst) =
           make_uint4(pack2<T>(o[0], o[1]), pack2<T>(o[2], o[3]), pack2<T>(o[4], o[5]), pack2<T>(o[6], o[7]));
     }
-  }
-  if (tid < 16 && r0 + tid < r1) {
-    float m_all = -INFINITY, l_all = 0.f;
-#pragma unroll
-    for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + tid]);
-#pragma unroll
-    for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + tid] * softmax_rescale(red_m[w * 16 + tid], m_all);
-    const int row = r0 + tid, i = row / group, h = hk * group + row % group;
-    const int64_t idx = ((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i;
-    const float lse = softmax_lse(m_all, l_all);
-    if (split_out)
-      lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = lse;
-    else if (p.lse != nullptr)
-      p.lse[idx] = lse;
   }
 }
 

@@ -15,6 +15,7 @@
 #include "../common/kv_cache.h"
 #include "../common/mask.h"
 #include "../common/quant.h"
+#include "../common/rotary.h"
 #include "../common/softmax.h"
 #include "rowwise.h"
 
@@ -46,12 +47,10 @@ __device__ __forceinline__ void rotate_row(const fmha_decode_params& p, float* r
   const int half = p.rotary_dim / 2;
   const int64_t at = (int64_t)clamp_index(pos, 0, p.seqlen_ro - 1) * half;
   for (int k = lane; k < half; k += 32) {
-    const int a = p.rotary_interleaved ? 2 * k : k, c = p.rotary_interleaved ? 2 * k + 1 : k + half;
-    const float cs = to_float(static_cast<const T*>(p.rotary_cos)[at + k]);
-    const float sn = to_float(static_cast<const T*>(p.rotary_sin)[at + k]);
-    const float x = row[a], y = row[c];
-    row[a] = x * cs - y * sn;
-    row[c] = x * sn + y * cs;
+    int a, c;
+    rotary_pair(k, p.rotary_dim, p.rotary_interleaved != 0, &a, &c);
+    rotate_pair(&row[a], &row[c], to_float(static_cast<const T*>(p.rotary_cos)[at + k]),
+                to_float(static_cast<const T*>(p.rotary_sin)[at + k]));
   }
   __syncwarp();
 }

@@ -25,17 +25,25 @@ struct ScoreMod {
   float post_scale;
   MaskGeometry geom;
 
-  __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
+  // `alibi`: some bias follows apply() (then the scale cannot be folded); slope_log2 is the
+  // one apply() subtracts itself (0: none, e.g. when the caller's slopes vary per row).
+  __device__ __forceinline__ static ScoreMod make(float scale, float softcap_, bool alibi, float slope_log2,
+                                                  const MaskGeometry& geom) {
     ScoreMod s;
-    s.scale_log2 = p.scale * kLog2e;
-    s.softcap = p.softcap > 0.f;
-    s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
-    s.softcap_out = p.softcap * kLog2e;
-    s.slope_log2 = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
-    s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
+    s.scale_log2 = scale * kLog2e;
+    s.softcap = softcap_ > 0.f;
+    s.softcap_in = s.softcap ? scale / softcap_ : 0.f;
+    s.softcap_out = softcap_ * kLog2e;
+    s.slope_log2 = slope_log2;
+    s.fold_scale = !s.softcap && !alibi && scale > 0.f;
     s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
     s.geom = geom;
     return s;
+  }
+
+  __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
+    const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    return make(p.scale, p.softcap, slope != 0.f, slope, geom);
   }
 
   // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the
