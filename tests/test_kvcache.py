@@ -243,9 +243,10 @@ def test_kvcache(device, name, dtype, hq, hk, d, sq, snew, capacity, page, kw):
 @pytest.mark.parametrize("scaling", ["head", "token"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("num_splits", [0, 3])
-def test_quantized_cache(device, qdtype, scaling, paged, num_splits):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_quantized_cache(device, qdtype, scaling, paged, num_splits, dtype):
     B, hq, hk, d, capacity, snew = 2, 8, 2, 64, 64, 2
-    k0, v0 = randn(B, capacity, hk, d, dtype=torch.bfloat16), randn(B, capacity, hk, d, dtype=torch.bfloat16)
+    k0, v0 = randn(B, capacity, hk, d, dtype=dtype), randn(B, capacity, hk, d, dtype=dtype)
     kq, ks = fmha.quantize_kv_cache(k0, qdtype, scaling)
     vq, vs = fmha.quantize_kv_cache(v0, qdtype, scaling)
     # Round trip: int8 is off by at most half a step (0.5 * scale) per element; fp8 e4m3 keeps
@@ -272,8 +273,8 @@ def test_quantized_cache(device, qdtype, scaling, paged, num_splits):
                     ks_p[block_table[b, i]] = ks[b, i * 16:(i + 1) * 16]
                     vs_p[block_table[b, i]] = vs[b, i * 16:(i + 1) * 16]
             ks, vs = ks_p, vs_p
-    q = randn(B, snew, hq, d, dtype=torch.bfloat16)
-    knew, vnew = randn(B, snew, hk, d, dtype=torch.bfloat16), randn(B, snew, hk, d, dtype=torch.bfloat16)
+    q = randn(B, snew, hq, d, dtype=dtype)
+    knew, vnew = randn(B, snew, hk, d, dtype=dtype), randn(B, snew, hk, d, dtype=dtype)
     cache_seqlens = torch.tensor([30, 62], dtype=torch.int32)
     out, lse, (kq, vq, ks, vs) = kvcache_call(device, q, kq, vq, k=knew, v=vnew, cache_seqlens=cache_seqlens,
                                               block_table=block_table, causal=True, k_scale=ks, v_scale=vs,
@@ -287,7 +288,42 @@ def test_quantized_cache(device, qdtype, scaling, paged, num_splits):
             assert_close(got, knew[b, t], 0.05 if qdtype == torch.float8_e4m3fn else 0.02, "appended quantized key")
     ref_out, ref_lse = expected_outputs(q, cache, cache_seqlens, snew, None, None, True, (-1, -1), 0.0, None,
                                         d ** -0.5)
-    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(out, ref_out, OUT_TOL[dtype], "out")
+    assert_lse_close(lse, ref_lse, 1e-4)
+
+
+@pytest.mark.parametrize("cache_kind", ["plain", "fp8"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_rising_scores(device, cache_kind, num_splits, dtype):
+    """Scores that keep rising along the cache, by jumps both under and over 2^8 in
+    probability: the GPU kernel raises its running max only on jumps past 2^8 (kLazyMax) and
+    otherwise keeps a stale max with probabilities up to 2^8; both must give the exact softmax."""
+    B, hq, hk, d, n = 1, 4, 1, 64, 700
+    q = randn(B, 1, hq, d, dtype=dtype)
+    k = randn(B, n, hk, d, dtype=torch.float32)
+    # Key j carries ramp[j] of q's mean direction: every head's score rises steadily along
+    # the cache (about 0.3 per 16-key block in log2 units) and jumps twice (about 9 and 17).
+    direction = q[0, 0].float().mean(0)
+    ramp = torch.linspace(0.0, 1.0, n) * 10.0
+    ramp[300:] += 6.0
+    ramp[500:] += 12.0
+    k = (k + ramp[None, :, None, None] * direction / direction.norm() * 2.0).to(dtype)
+    v = randn(B, n, hk, d, dtype=dtype)
+    extra, block_table = {}, None
+    if cache_kind == "fp8":
+        k, ks = fmha.quantize_kv_cache(k)
+        v, vs = fmha.quantize_kv_cache(v)
+        extra = dict(k_scale=ks, v_scale=vs)
+    else:
+        ks = vs = None
+    cache_seqlens = torch.tensor([n], dtype=torch.int32)
+    out, lse, _ = kvcache_call(device, q, k, v, cache_seqlens=cache_seqlens, num_splits=num_splits, **extra)
+    cache = Cache(k, v, block_table, None, ks, vs)
+    ref_out, ref_lse = expected_outputs(q, cache, cache_seqlens, 0, None, None, False, (-1, -1), 0.0, None,
+                                        d ** -0.5)
+    assert ref_lse.max() > 20.0, "the ramp should dominate the scores"
+    assert_close(out, ref_out, OUT_TOL[dtype], "out")
     assert_lse_close(lse, ref_lse, 1e-4)
 
 

@@ -78,14 +78,21 @@ int sm_count() {
 
 // Splits so that B x Hk x m-tiles x splits CTAs fill whole waves: the smallest count whose
 // wave efficiency is within 85% of the best, each split keeping at least 8 blocks (two per
-// warp).  A wave is one CTA per SM for contiguous caches and two for paged ones, whose
-// block-table lookups want more warps in flight: on an H200 (tools/tune/decode_splits.py,
-// docs/tuning.md) contiguous B = 1, L = 8k ran at 1.43 TB/s with one per SM against 1.23
-// with two, and paged-16 B = 1, L = 128k at 3.75 TB/s with two against 2.85 with one.  The
-// cache capacity stands in for the lengths, which live on the device.
+// warp).  A wave is one CTA per SM for contiguous 16-bit caches, two for paged ones, whose
+// block-table lookups want more warps in flight, and three for 8-bit caches at D <= 128
+// (DecodeTraits::kMinBlocks): on an H200 (tools/tune/decode_splits.py, docs/tuning.md)
+// contiguous B = 1, L = 8k ran at 1.43 TB/s with one per SM against 1.23 with two,
+// paged-16 B = 1, L = 128k at 3.75 TB/s with two against 2.85 with one, and fp8 B = 8,
+// L = 32k at 3.0 TB/s with three against 2.5 with one.  The cache capacity stands in for
+// the lengths, which live on the device.
 int choose_splits(const fmha_decode_params& p) {
   if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
-  const int64_t wave = (int64_t)sm_count() * (p.block_table != nullptr ? 2 : 1);
+  // A wave is the CTAs resident at once that the cache stream wants: one per SM keeps a
+  // contiguous 16-bit cache at the copy rate; paged caches (a page lookup per block) and
+  // 8-bit ones (more instructions per byte) need more warps in flight (DecodeTraits::kMinBlocks).
+  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  const int per_sm = quant ? (p.head_dim <= 128 ? 3 : 2) : p.block_table != nullptr ? 2 : 1;
+  const int64_t wave = (int64_t)sm_count() * per_sm;
   const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
   const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
   const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / 8));

@@ -17,9 +17,11 @@
 // 8-bit caches (fp8 e4m3, int8) are staged as bytes and turned into mma operands in
 // registers (tile/cvt8.h).  The head dimension is permuted consistently so each thread
 // reads contiguous bytes: for q.k, thread t of a quad owns dims [t D/4, (t + 1) D/4) of
-// every key (4 per k-step) and q is read in the same order; for P V, thread g owns output
-// dims [g D/8, (g + 1) D/8) (n-block n is dim g D/8 + n).  Scales multiply scores (k_scale)
-// and probabilities (v_scale) per key, never each element.
+// every key (4 per k-step, taken as the pairs of bytes 1, 3 and 0, 2 of a word so that no
+// byte moves) and q is read in the same order; for P V, thread g owns output dims
+// [g D/8, (g + 1) D/8) (n-block n is dim g D/8 + n).  Per-token scales multiply scores
+// (k_scale) and probabilities (v_scale) per key; per-head scales join the score scale and
+// the output factor; never a multiply per element.
 #pragma once
 
 #include <math.h>
@@ -56,8 +58,11 @@ struct DecodeTraits {
   using TileKV = SmemTile<16, kQuant ? kHeadDim / 2 : kHeadDim>;
   static constexpr int kScaleBytes = kQuant ? 2 * 16 * 4 : 0;  // per-token k, v scales of the block
   static constexpr int kStageBytes = 2 * TileKV::kBytes + kScaleBytes;
-  // About 96 KB of stages per CTA: two CTAs per SM on sm80/sm90, one on 99 KB parts.
-  static constexpr int kStagesRaw = 96 * 1024 / (kNWarps * kStageBytes);
+  // CTAs per SM the kernel is built for (registers) and sized for (shared memory): the 8-bit
+  // paths spend more instructions per byte, so they want more warps to hide latency.
+  static constexpr int kMinBlocks = kQuant && kHeadDim <= 128 ? 3 : 2;
+  // About 200 KB of stages per SM on sm80/sm90 (one CTA on 99 KB parts).
+  static constexpr int kStagesRaw = (kMinBlocks == 3 ? 68 : 96) * 1024 / (kNWarps * kStageBytes);
   static constexpr int kStages = kStagesRaw < 2 ? 2 : kStagesRaw > 6 ? 6 : kStagesRaw;
   static constexpr int kRingBytes = kNWarps * kStages * kStageBytes;
   static constexpr int kCombineStride = kHeadDim + 4;  // fp32 row stride of the warp merge
@@ -76,7 +81,7 @@ struct DecodeWork {
 };
 
 template <class K>
-__global__ void __launch_bounds__(K::kThreads)
+__global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
   using T = typename K::T;
   using TileQ = typename K::TileQ;
@@ -84,6 +89,8 @@ __global__ void __launch_bounds__(K::kThreads)
   using Elem = std::conditional_t<K::kQuant, uint8_t, T>;  // cache element
   constexpr int D = K::kHeadDim, kDT = K::kDT, kS = K::kStages;
   constexpr int kUnit = K::kQuant ? 2 : 1;  // cache elements per 16-bit tile column
+  using Cvt8 = Cvt8Pair<T, K::kCache == CacheKind::kInt8>;
+  constexpr float kLazyMax = 8.f;
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int group = p.num_heads_q / p.num_heads_k;
@@ -121,42 +128,69 @@ __global__ void __launch_bounds__(K::kThreads)
   }
   cp_async_commit();
 
-  // 2. Start this warp's cache stream: block it is my_begin + warp + 4 it.
+  // 2. Start this warp's cache stream: block it is my_begin + warp + 4 it.  A lane copies
+  // chunk column c_l of rows r_l, r_l + kRowStep, ... of every block, so its source offsets
+  // are fixed but for the block's cache row; paged caches look the page up one block ahead.
   const Elem* k_cache = static_cast<const Elem*>(p.k_cache.data);
   const Elem* v_cache = static_cast<const Elem*>(p.v_cache.data);
   const bool per_token = K::kQuant && p.scaling == FMHA_SCALE_PER_TOKEN;
-  auto load_block = [&](int it) {
-    const int pos0 = (my_begin + warp + K::kNWarps * it) * 16;
+  constexpr int kChunks = TileKV::kChunks, kRowStep = 32 / kChunks;
+  const int r_l = lane / kChunks, c_l = (lane % kChunks) * 8;
+  // Columns past the head dim are zero-filled: such a lane copies 0 bytes from its row start.
+  const int col_bytes = c_l * kUnit < d ? 16 : 0, c_src = col_bytes ? c_l * kUnit : 0;
+  const int64_t k_lane = hk * p.k_cache.head_stride + r_l * p.k_cache.row_stride + c_src;
+  const int64_t v_lane = hk * p.v_cache.head_stride + r_l * p.v_cache.row_stride + c_src;
+  const bool paged = p.block_table != nullptr;
+  const int page = p.cache_seqlen;  // paged: rows per page (a multiple of 16)
+  const int page_shift = paged && (page & (page - 1)) == 0 ? __ffs(page) - 1 : -1;
+  const int32_t seq_outer = paged ? 0 : cv.cache_seq();
+  auto block_pos = [&](int it) { return (my_begin + warp + K::kNWarps * it) * 16; };
+  // The cache sequence or page holding positions [pos0, pos0 + 16) (as CacheView::outer).
+  auto block_outer = [&](int pos0) -> int32_t {
+    if (!paged) return seq_outer;
+    const int col = page_shift >= 0 ? pos0 >> page_shift : pos0 / page;
+    return clamp_index(p.block_table[(int64_t)b * p.block_table_stride + col], 0, p.cache_batch - 1);
+  };
+  auto load_block = [&](int it, int32_t outer) {
+    const int pos0 = block_pos(it);
+    const int row0 = !paged ? pos0 : page_shift >= 0 ? pos0 & (page - 1) : pos0 % page;
     char* st = ring + (it % kS) * K::kStageBytes;
-    const int64_t outer = cv.outer(pos0), row0 = cv.row(pos0);
-    const int64_t k_base = outer * p.k_cache.batch_stride + row0 * p.k_cache.row_stride + hk * p.k_cache.head_stride;
-    const int64_t v_base = outer * p.v_cache.batch_stride + row0 * p.v_cache.row_stride + hk * p.v_cache.head_stride;
-    constexpr int kChunks = TileKV::kChunks, kRowStep = 32 / kChunks;
-    const int c = (lane % kChunks) * 8;
-    const bool col_ok = c * kUnit < d;
+    const Elem* k_src = k_cache + outer * p.k_cache.batch_stride + row0 * p.k_cache.row_stride + k_lane;
+    const Elem* v_src = v_cache + outer * p.v_cache.batch_stride + row0 * p.v_cache.row_stride + v_lane;
+    if (pos0 >= seq.leftpad && pos0 + 16 <= seq.end()) {  // every row valid: no per-row tests
 #pragma unroll
-    for (int rr = 0; rr < 16 / kRowStep; ++rr) {
-      const int r = lane / kChunks + rr * kRowStep, pos = pos0 + r;
-      const bool ok = col_ok && pos >= seq.leftpad && pos < seq.end();
-      const int64_t off = r * p.k_cache.row_stride + c * kUnit;
-      cp_async_16(reinterpret_cast<Elem*>(st) + TileKV::offset(r, c) * kUnit, ok ? k_cache + k_base + off : k_cache,
-                  ok ? 16 : 0);
-      const int64_t voff = r * p.v_cache.row_stride + c * kUnit;
-      cp_async_16(reinterpret_cast<Elem*>(st + TileKV::kBytes) + TileKV::offset(r, c) * kUnit,
-                  ok ? v_cache + v_base + voff : v_cache, ok ? 16 : 0);
+      for (int rr = 0; rr < 16 / kRowStep; ++rr) {
+        const int r = r_l + rr * kRowStep;
+        cp_async_16(reinterpret_cast<Elem*>(st) + TileKV::offset(r, c_l) * kUnit,
+                    k_src + rr * kRowStep * p.k_cache.row_stride, col_bytes);
+        cp_async_16(reinterpret_cast<Elem*>(st + TileKV::kBytes) + TileKV::offset(r, c_l) * kUnit,
+                    v_src + rr * kRowStep * p.v_cache.row_stride, col_bytes);
+      }
+    } else {  // rows outside [leftpad, end) are zero-filled (never read from the cache)
+#pragma unroll
+      for (int rr = 0; rr < 16 / kRowStep; ++rr) {
+        const int r = r_l + rr * kRowStep, pos = pos0 + r;
+        const bool ok = pos >= seq.leftpad && pos < seq.end();
+        cp_async_16(reinterpret_cast<Elem*>(st) + TileKV::offset(r, c_l) * kUnit,
+                    ok ? k_src + rr * kRowStep * p.k_cache.row_stride : k_cache, ok ? col_bytes : 0);
+        cp_async_16(reinterpret_cast<Elem*>(st + TileKV::kBytes) + TileKV::offset(r, c_l) * kUnit,
+                    ok ? v_src + rr * kRowStep * p.v_cache.row_stride : v_cache, ok ? col_bytes : 0);
+      }
     }
-    if (per_token) {
+    if (per_token) {  // as CacheView::scale_index
       const int r = lane % 16, pos = pos0 + r;
       const bool ok = pos >= seq.leftpad && pos < seq.end();
       const float* src = lane < 16 ? p.k_scale : p.v_scale;
-      cp_async_4(st + 2 * TileKV::kBytes + lane * 4, ok ? src + cv.scale_index(pos, hk) : src, ok ? 4 : 0);
+      const int64_t idx = ((int64_t)outer * p.cache_seqlen + row0 + r) * p.num_heads_k + hk;
+      cp_async_4(st + 2 * TileKV::kBytes + lane * 4, ok ? src + idx : src, ok ? 4 : 0);
     }
   };
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_mine) load_block(s);
+    if (s < n_mine) load_block(s, block_outer(block_pos(s)));
     cp_async_commit();
   }
+  int32_t outer_next = kS - 1 < n_mine ? block_outer(block_pos(kS - 1)) : 0;
 
   // 3. Rotary embedding of q in place, then q fragments into registers.
   cp_async_wait<kS - 1>();
@@ -179,27 +213,58 @@ __global__ void __launch_bounds__(K::kThreads)
     }
     __syncthreads();
   }
+  // bf16 with fp8: K and V are converted without their 2^120 exponent fix (Cvt8Pair), so
+  // q is scaled by 2^q_exp to put max |q| just under 2^125 (exact: a power of two; products
+  // with the 2^-120-scaled keys stay clear of fp32 subnormals) and P by 2^kPExp; both
+  // powers are taken back out of the score scale, the output factor and the LSE.
+  constexpr bool kPrescale = Cvt8::kPrescale;
+  constexpr float kPExp = kPrescale ? 64.f : 0.f;
+  int q_exp = 0;
+  if constexpr (kPrescale) {
+    uint32_t mx = 0;  // largest |q| bit pattern of the tile (magnitudes order as integers)
+    for (int i = lane; i < TileQ::kBytes / 4; i += 32) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(sQ)[i];
+      mx = max(mx, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    q_exp = min(125 - ((int)(mx >> 7) - 126), 140);  // max |q| < 2^((mx >> 7) - 126)
+  }
   uint32_t qf[D / 16][4];
   if constexpr (!K::kQuant) {
     const auto a_q = ldsm_a<TileQ>(sQ, lane);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], a_q(0, kk * 16));
   } else {
+    // Logical k 2t, 2t+1 are dims c+1, c+3 (bytes 1 and 3 of the K word, converted in place);
+    // 2t+8, 2t+9 are dims c, c+2 (bytes 0 and 2, shifted up by one byte).
+    auto elem = [&](int r, int c) -> uint32_t {
+      const uint32_t x = reinterpret_cast<const uint16_t*>(sQ)[TileQ::offset(r, c)];
+      if constexpr (kPrescale) return __float_as_uint(ldexpf(__uint_as_float(x << 16), q_exp)) >> 16;
+      return x;
+    };
+    auto pair = [&](int r, int c0, int c1) { return elem(r, c0) | (elem(r, c1) << 16); };
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = t * (D / 4) + 4 * kk;  // logical k 2t, 2t+1 -> dims c, c+1; 2t+8, 2t+9 -> c+2, c+3
-      qf[kk][0] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g, c));
-      qf[kk][1] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g + 8, c));
-      qf[kk][2] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g, c + 2));
-      qf[kk][3] = *reinterpret_cast<const uint32_t*>(sQ + TileQ::offset(g + 8, c + 2));
+      const int c = t * (D / 4) + 4 * kk;
+      qf[kk][0] = pair(g, c + 1, c + 3);
+      qf[kk][1] = pair(g + 8, c + 1, c + 3);
+      qf[kk][2] = pair(g, c, c + 2);
+      qf[kk][3] = pair(g + 8, c, c + 2);
     }
   }
   __syncthreads();  // every warp has its q fragments: the last stage may now be loaded
 
   // Scores: scale and softcap by ScoreMod; ALiBi (a slope per packed row) and the mask here,
   // for this thread's two rows (g, g + 8) of the tile.
+  // 8-bit caches: a per-head k scale, the exponent fix the conversion left out (2^kExp) and
+  // q's 2^-q_exp scale q.k, so they join the score scale; a per-head v scale and the fix
+  // scale the output at the end.
   const bool alibi = p.alibi_slopes != nullptr;
-  const ScoreMod score = ScoreMod::make(p.scale, p.softcap, alibi, 0.f, geom);
+  const float head_k = K::kQuant && !per_token ? p.k_scale[hk] : 1.f;
+  const float head_v = K::kQuant && !per_token ? p.v_scale[hk] : 1.f;
+  const ScoreMod score =
+      ScoreMod::make(K::kQuant ? ldexpf(p.scale * head_k, Cvt8::kExp - q_exp) : p.scale, p.softcap, alibi, 0.f, geom);
   int qi[2];
   float slope_log2[2];
 #pragma unroll
@@ -211,16 +276,15 @@ __global__ void __launch_bounds__(K::kThreads)
                          : 0.f;
   }
   const float post_scale = score.post_scale;
-  const float head_k_scale = K::kQuant && !per_token ? p.k_scale[hk] : 1.f;
-  const float head_v_scale = K::kQuant && !per_token ? p.v_scale[hk] : 1.f;
 
   float acc_o[1][kDT][4];
   clear(acc_o);
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
   for (int it = 0; it < n_mine; ++it) {
-    if (it + kS - 1 < n_mine) load_block(it + kS - 1);
+    if (it + kS - 1 < n_mine) load_block(it + kS - 1, outer_next);
     cp_async_commit();
+    if (it + kS < n_mine) outer_next = block_outer(block_pos(it + kS));  // used next iteration
     cp_async_wait<kS - 1>();
     __syncwarp();
     const char* st = ring + (it % kS) * K::kStageBytes;
@@ -250,35 +314,26 @@ __global__ void __launch_bounds__(K::kThreads)
         }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t b0, b1;
-          if constexpr (K::kCache == CacheKind::kFp8) {
-            b0 = fp8_pair<T>(prmt(kw[kk], 0, 0x1000)), b1 = fp8_pair<T>(prmt(kw[kk], 0, 0x3020));
-          } else {
-            b0 = int8_pair<T>(prmt(kw[kk], 0, 0x1000)), b1 = int8_pair<T>(prmt(kw[kk], 0, 0x3020));
-          }
-          mma_16816<T>(s[0][nb], qf[kk], b0, b1);
+          mma_16816<T>(s[0][nb], qf[kk], Cvt8::pair(kw[kk]), Cvt8::pair(kw[kk] << 8));
         }
       }
     }
 
-    // Per-key scales of 8-bit caches: columns nb * 8 + 2t + e % 2.
-    float ks[2][2], vs[2][2];
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float* sc = reinterpret_cast<const float*>(st + 2 * TileKV::kBytes);
-        ks[nb][e] = per_token ? sc[nb * 8 + 2 * t + e] : head_k_scale;
-        vs[nb][e] = per_token ? sc[16 + nb * 8 + 2 * t + e] : head_v_scale;
-      }
-
-    // Scores in log2 units (raw q.k when the scale is folded), masked where needed.
-    if constexpr (K::kQuant) {
+    // Per-token scales of 8-bit caches: key columns nb * 8 + 2t + e % 2.
+    float vs[2][2];
+    if (per_token) {
+      const float* sc = reinterpret_cast<const float*>(st + 2 * TileKV::kBytes);
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nb][e] *= ks[nb][e % 2];
+        for (int e = 0; e < 4; ++e) s[0][nb][e] *= sc[nb * 8 + 2 * t + e % 2];
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) vs[nb][e] = sc[16 + nb * 8 + 2 * t + e];
     }
+
+    // Scores in log2 units (raw q.k when the scale is folded), masked where needed.
     score.apply(s, 0, 0, 0, lane, false);  // scale / softcap only: slope 0, no mask
     const bool mask = j0 < 0 || j0 + 16 > seq.len_k || !geom.tile_fully_visible(i0, i1, j0, j0 + 16);
     if (alibi || mask) {
@@ -292,26 +347,36 @@ __global__ void __launch_bounds__(K::kThreads)
         }
     }
 
-    // Online softmax of the two rows.
+    // Online softmax of the two rows.  A row's running max is raised only when a block
+    // passes it by more than kLazyMax (log2 units), so probabilities stay below 2^kLazyMax
+    // and the warp skips the kDT * 4 rescale multiplies unless some row's max moved.
+    float rescale[2];
+    bool moved = false;
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
       float mx = fmaxf(fmaxf(s[0][0][2 * ri], s[0][0][2 * ri + 1]), fmaxf(s[0][1][2 * ri], s[0][1][2 * ri + 1]));
-      mx = fmaxf(row_max[ri], quad_max(mx) * post_scale);
-      const float rescale = softmax_rescale(row_max[ri], mx);
-      const float ref = softmax_ref_max(mx);
-      row_max[ri] = mx;
+      mx = quad_max(mx) * post_scale;
+      const bool up = mx > row_max[ri] + kLazyMax;  // never for -inf; always for the first seen key
+      rescale[ri] = up ? softmax_rescale(row_max[ri], mx) : 1.f;
+      if (up) row_max[ri] = mx;
+      moved |= up;
+      const float ref = softmax_ref_max(row_max[ri]);
       float sum = 0.f;
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
         for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, -ref));
+          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, kPExp - ref));
           sum += pe;
-          s[0][nb][e] = K::kQuant ? pe * vs[nb][e % 2] : pe;
+          s[0][nb][e] = per_token ? pe * vs[nb][e % 2] : pe;
         }
-      row_sum[ri] = row_sum[ri] * rescale + sum;
+      row_sum[ri] = row_sum[ri] * rescale[ri] + sum;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int n = 0; n < kDT; ++n) acc_o[0][n][2 * ri] *= rescale, acc_o[0][n][2 * ri + 1] *= rescale;
+      for (int n = 0; n < kDT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][n][e] *= rescale[e / 2];
     }
 
     // O += P V.
@@ -341,15 +406,8 @@ __global__ void __launch_bounds__(K::kThreads)
 #pragma unroll
       for (int n = 0; n < kDT; ++n) {
         const uint32_t sel = ((4u + n % 4) << 12) | ((uint32_t)(n % 4) << 4);
-        uint32_t b0, b1;
-        if constexpr (K::kCache == CacheKind::kFp8) {
-          b0 = fp8_pair<T>(prmt(vw[0][n / 4], vw[1][n / 4], sel));
-          b1 = fp8_pair<T>(prmt(vw[2][n / 4], vw[3][n / 4], sel));
-        } else {
-          b0 = int8_pair<T>(prmt(vw[0][n / 4], vw[1][n / 4], sel));
-          b1 = int8_pair<T>(prmt(vw[2][n / 4], vw[3][n / 4], sel));
-        }
-        mma_16816<T>(acc_o[0][n], a_p[0][0], b0, b1);
+        mma_16816<T>(acc_o[0][n], a_p[0][0], Cvt8::pair(prmt(vw[0][n / 4], vw[1][n / 4], sel)),
+                     Cvt8::pair(prmt(vw[2][n / 4], vw[3][n / 4], sel)));
       }
     }
     __syncwarp();  // every lane is done with this stage before it is loaded again
@@ -377,14 +435,15 @@ __global__ void __launch_bounds__(K::kThreads)
     for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + r]);
 #pragma unroll
     for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + r] * softmax_rescale(red_m[w * 16 + r], m_all);
-    const float f = softmax_rescale(row_max[ri], m_all) * softmax_inv_sum(l_all);
+    // l_all carries P's 2^kPExp, which the output loses with it and the LSE must drop.
+    const float f = softmax_rescale(row_max[ri], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt8::kExp : 0) * head_v;
     const int row = r0 + r;
     if (warp == 0 && t == 0 && row < r1) {  // the tile row's LSE, once
       const int64_t idx = ((int64_t)b * p.num_heads_q + hk * group + row % group) * p.seqlen_q + row / group;
       if (num_splits > 1)
-        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all, l_all);
+        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all - kPExp, l_all);
       else if (p.lse != nullptr)
-        p.lse[idx] = softmax_lse(m_all, l_all);
+        p.lse[idx] = softmax_lse(m_all - kPExp, l_all);
     }
 #pragma unroll
     for (int n = 0; n < kDT; ++n)

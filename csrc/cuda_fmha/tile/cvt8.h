@@ -3,8 +3,8 @@
 // and 2 are ignored), as one prmt puts them; output: a b16x2 register, byte 1's element in
 // the low half.  Every conversion is exact: e4m3 values (3 mantissa bits, |x| <= 448,
 // smallest 2^-9) and int8 values are representable in both fp16 and bf16.  No scale is
-// applied here: the decode kernel scales scores and probabilities instead (one multiply
-// per key, not per element).
+// applied here, not even fp8's exponent fix: the decode kernel folds them into its score
+// scale, its probabilities and its output factor (per key or per row, never per element).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,31 +20,15 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 }
 
-template <class T>
-__device__ __forceinline__ uint32_t b16x2_mul(uint32_t x, uint32_t y);
-template <>
-__device__ __forceinline__ uint32_t b16x2_mul<__half>(uint32_t x, uint32_t y) {
-  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&x), *reinterpret_cast<__half2*>(&y));
-  return *reinterpret_cast<uint32_t*>(&r);
+// e4m3 (s eeee mmm, bias 7) -> fp16 / bf16 without the exponent fix: moving eeee mmm under
+// fp16's exponent (bias 15) gives the value times 2^-8, under bf16's (bias 127) the value
+// times 2^-120, exactly, subnormals included (they stay subnormal).  The caller applies the
+// 2^8 or 2^120 through its scales (Cvt8Pair::kExp).
+__device__ __forceinline__ uint32_t fp8_pair_half_unscaled(uint32_t h) {
+  return (h & 0x80008000u) | ((h >> 1) & 0x3F803F80u);
 }
-template <>
-__device__ __forceinline__ uint32_t b16x2_mul<__nv_bfloat16>(uint32_t x, uint32_t y) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&x), *reinterpret_cast<__nv_bfloat162*>(&y));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
-// e4m3 (s eeee mmm, bias 7) -> fp16: move eeee mmm under fp16's exponent (bias 15), then
-// multiply by 2^8 to fix the bias; subnormals come out right through the multiply.
-// -> bf16: the same under bf16's exponent (bias 127), times 2^120.
-template <class T>
-__device__ __forceinline__ uint32_t fp8_pair(uint32_t h);
-template <>
-__device__ __forceinline__ uint32_t fp8_pair<__half>(uint32_t h) {
-  return b16x2_mul<__half>((h & 0x80008000u) | ((h >> 1) & 0x3F803F80u), 0x5C005C00u);  // 256
-}
-template <>
-__device__ __forceinline__ uint32_t fp8_pair<__nv_bfloat16>(uint32_t h) {
-  return b16x2_mul<__nv_bfloat16>((h & 0x80008000u) | ((h >> 4) & 0x07F007F0u), 0x7B807B80u);  // 2^120
+__device__ __forceinline__ uint32_t fp8_pair_bf16_unscaled(uint32_t h) {
+  return (h & 0x80008000u) | ((h >> 4) & 0x07F007F0u);
 }
 
 // int8 x -> fp16 by the magic number 1024 + 128: bits 0x6400 | (x ^ 0x80) are 1152 + x.
@@ -64,6 +48,29 @@ __device__ __forceinline__ uint32_t int8_pair<__nv_bfloat16>(uint32_t h) {
   __nv_bfloat162 r = __float22bfloat162_rn(__half22float2(int8_pair_half(h)));
   return *reinterpret_cast<uint32_t*>(&r);
 }
+
+// The pair conversion the decode kernel uses for a cache kind and compute type: the power
+// of two it leaves out (kExp, applied through the score and output scales, never per
+// element), and whether q and P must be prescaled to keep products of the 2^-120-scaled
+// bf16 values clear of fp32 subnormals (kPrescale).
+template <class T, bool kInt8>
+struct Cvt8Pair {
+  static constexpr int kExp = 0;
+  static constexpr bool kPrescale = false;
+  __device__ __forceinline__ static uint32_t pair(uint32_t h) { return int8_pair<T>(h); }
+};
+template <>
+struct Cvt8Pair<__half, false> {
+  static constexpr int kExp = 8;
+  static constexpr bool kPrescale = false;
+  __device__ __forceinline__ static uint32_t pair(uint32_t h) { return fp8_pair_half_unscaled(h); }
+};
+template <>
+struct Cvt8Pair<__nv_bfloat16, false> {
+  static constexpr int kExp = 120;
+  static constexpr bool kPrescale = true;
+  __device__ __forceinline__ static uint32_t pair(uint32_t h) { return fp8_pair_bf16_unscaled(h); }
+};
 
 }  // namespace cuda
 }  // namespace fmha
