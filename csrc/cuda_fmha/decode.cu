@@ -78,12 +78,12 @@ int sm_count() {
 
 // Splits so that B x Hk x m-tiles x splits CTAs fill whole waves: the smallest count whose
 // wave efficiency is within 85% of the best, each split keeping at least 8 blocks (two per
-// warp).  A wave is one CTA per SM for contiguous 16-bit caches, two for paged ones, whose
+// warp; 16 for 8-bit caches).  A wave is one CTA per SM for contiguous 16-bit caches, two for paged ones, whose
 // block-table lookups want more warps in flight, and three for 8-bit caches at D <= 128
 // (DecodeTraits::kMinBlocks): on an H200 (tools/tune/decode_splits.py, docs/tuning.md)
 // contiguous B = 1, L = 8k ran at 1.43 TB/s with one per SM against 1.23 with two,
 // paged-16 B = 1, L = 128k at 3.75 TB/s with two against 2.85 with one, and fp8 B = 8,
-// L = 32k at 3.0 TB/s with three against 2.5 with one.  The cache capacity stands in for
+// L = 32k at 3.3 TB/s with three against 1.8 with one.  The cache capacity stands in for
 // the lengths, which live on the device.
 int choose_splits(const fmha_decode_params& p) {
   if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
@@ -95,7 +95,8 @@ int choose_splits(const fmha_decode_params& p) {
   const int64_t wave = (int64_t)sm_count() * per_sm;
   const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
   const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
-  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / 8));
+  const int min_blocks = quant ? 16 : 8;  // per split: 8-bit caches fill a 4-stage ring per warp
+  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / min_blocks));
   std::vector<double> eff(max_splits + 1, 0.0);
   double best = 0.0;
   for (int s = 1; s <= max_splits; ++s) {

@@ -238,9 +238,12 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   } else {
     // Logical k 2t, 2t+1 are dims c+1, c+3 (bytes 1 and 3 of the K word, converted in place);
     // 2t+8, 2t+9 are dims c, c+2 (bytes 0 and 2, shifted up by one byte).
+    // 2^q_exp as two normal floats (q_exp is in [-3, 140]): two exact multiplies.
+    const float q_mul0 = __int_as_float((127 + q_exp / 2) << 23);
+    const float q_mul1 = __int_as_float((127 + q_exp - q_exp / 2) << 23);
     auto elem = [&](int r, int c) -> uint32_t {
       const uint32_t x = reinterpret_cast<const uint16_t*>(sQ)[TileQ::offset(r, c)];
-      if constexpr (kPrescale) return __float_as_uint(ldexpf(__uint_as_float(x << 16), q_exp)) >> 16;
+      if constexpr (kPrescale) return __float_as_uint(__uint_as_float(x << 16) * q_mul0 * q_mul1) >> 16;
       return x;
     };
     auto pair = [&](int r, int c0, int c1) { return elem(r, c0) | (elem(r, c1) << 16); };
