@@ -52,7 +52,7 @@ CACHE_KINDS = {"plain": "kPlain", "fp8": "kFp8", "int8": "kInt8"}
 
 
 def decode_instances(types, stream):
-    """The decode kernel (CUDA only): query dtype x cache element x head dim."""
+    """The decode kernel (both backends): query dtype x cache element x head dim."""
     for dt, kind, d in itertools.product(types, CACHE_KINDS, DECODE_HEAD_DIMS):
         yield (f"decode_{dt}_{kind}_hdim{d}",
                f"template void run_decode<DecodeConfig<{types[dt]}, CacheKind::{CACHE_KINDS[kind]}, {d}>>("
@@ -63,8 +63,7 @@ def render(backend, cfg):
     ns = f"namespace fmha {{\nnamespace {backend} {{\n"
     end = f"\n}}  // namespace {backend}\n}}  // namespace fmha\n"
     insts = list(instances(cfg["types"], cfg["stream"]))
-    if backend == "cuda":
-        insts += list(decode_instances(cfg["types"], cfg["stream"]))
+    insts += list(decode_instances(cfg["types"], cfg["stream"]))
     files = {f"{stem}.{cfg['ext']}": HEADER + '#include "../configs.h"\n\n' + ns + inst + end for stem, inst in insts}
     files["instances.h"] = (HEADER + "// Declarations of the instances compiled in this folder.\n#pragma once\n\n"
                             '#include "../configs.h"\n\n' + ns + "\n".join("extern " + i for _, i in insts) + end)

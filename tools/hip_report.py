@@ -32,10 +32,16 @@ BRANCH = re.compile(r"^\s+s_(?:cbranch_\w+|branch)\s+(\.LBB\d+_\d+)")
 INFO = re.compile(r"^; (NumVgprs|NumAgprs|ScratchSize|Occupancy|LDSByteSize): (\d+)")
 
 
+# Translation units beside the instances whose kernels are the vector-ALU helpers
+# (row-wise, append, combine): no MFMA by design.
+ROWWISE_SOURCES = ("dispatch", "decode")
+
+
 def sources():
-    """(name, path) of every translation unit with kernels: the instances, then dispatch."""
+    """(name, path) of every translation unit with kernels: the instances, then the
+    row-wise kernels of dispatch.hip and decode.hip."""
     inst = sorted((HIP_DIR / "instances").glob("*.hip"))
-    return [(p.stem, p) for p in inst] + [("dispatch", HIP_DIR / "dispatch.hip")]
+    return [(p.stem, p) for p in inst] + [(n, HIP_DIR / f"{n}.hip") for n in ROWWISE_SOURCES]
 
 
 def find_compiler(explicit):
@@ -126,14 +132,21 @@ def parse_asm(text):
     return result
 
 
+TYPE_CODES = {"f": "fp32", "NS0_3f16E": "fp16", "NS0_4bf16E": "bf16", "h": "fp8", "a": "int8", "S2_": "same"}
+
+
 def pretty(source, mangled):
-    """A readable kernel name: the instance file's stem, or the dispatch kernel and its dtype."""
-    if source != "dispatch":
+    """A readable kernel name: the instance file's stem, or a row-wise kernel and its
+    template arguments (dtype, then the cache element where there is one)."""
+    if source not in ROWWISE_SOURCES:
         return source
-    m = re.match(r"_ZN4fmha3hip\d+(\w+?)I(f|NS0_3f16E|NS0_4bf16E)E", mangled)
+    m = re.match(r"_ZN4fmha3hip\d+(\w+?)I((?:f|h|a|NS0_3f16E|NS0_4bf16E|S2_)+)E", mangled)
     if not m:
         return mangled
-    return f"{m.group(1)}<{ {'f': 'fp32', 'NS0_3f16E': 'fp16', 'NS0_4bf16E': 'bf16'}[m.group(2)] }>"
+    args = re.findall(r"NS0_3f16E|NS0_4bf16E|S2_|f|h|a", m.group(2))
+    names = [TYPE_CODES[a] for a in args]
+    names = [names[0] if n == "same" else n for n in names]
+    return f"{m.group(1)}<{', '.join(names)}>"
 
 
 def main():
@@ -179,7 +192,7 @@ def main():
                 spills = remarks.get((arch, name), {}).get(mangled, {})
                 k.update(sgpr_spill=spills.get("sgpr_spill", "-"), vgpr_spill=spills.get("vgpr_spill", 0))
                 label = pretty(name, mangled)
-                matrix_core = name != "dispatch"
+                matrix_core = name not in ROWWISE_SOURCES
                 rows.append((label, arch, k, matrix_core))
                 if k["scratch"] > 0 or k["vgpr_spill"]:
                     problems.append(f"{label} ({arch}): {k['scratch']} bytes of scratch, {k['vgpr_spill']} VGPR spills")

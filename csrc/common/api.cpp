@@ -67,20 +67,16 @@ size_t bwd_workspace_bytes(const fmha_bwd_params& p) {
   }
 }
 
-// Decode kernels exist for the CPU and CUDA; the HIP backend has none yet.
-[[noreturn]] void no_decode(fmha_device d) {
-  if (d == FMHA_DEVICE_HIP)
-    FMHA_UNSUPPORTED("fmha_decode has no HIP kernels yet (AMD decode is not built); pass CPU tensors");
-  not_built(d);
-}
-
 size_t decode_workspace_bytes(const fmha_decode_params& p) {
   switch (p.device) {
     case FMHA_DEVICE_CPU: return 0;
 #if defined(FMHA_WITH_CUDA)
     case FMHA_DEVICE_CUDA: return cuda::decode_workspace_size(p);
 #endif
-    default: no_decode(p.device);
+#if defined(FMHA_WITH_HIP)
+    case FMHA_DEVICE_HIP: return hip::decode_workspace_size(p);
+#endif
+    default: not_built(p.device);
   }
 }
 
@@ -185,7 +181,10 @@ FMHA_API fmha_status fmha_decode(const fmha_decode_params* params, void* stream)
 #if defined(FMHA_WITH_CUDA)
       case FMHA_DEVICE_CUDA: cuda::decode(p, stream); break;
 #endif
-      default: no_decode(p.device);
+#if defined(FMHA_WITH_HIP)
+      case FMHA_DEVICE_HIP: hip::decode(p, stream); break;
+#endif
+      default: not_built(p.device);
     }
     (void)stream;
   });

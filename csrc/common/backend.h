@@ -32,6 +32,8 @@ namespace hip {
 void fwd(const fmha_fwd_params& p, void* stream);
 size_t bwd_workspace_size(const fmha_bwd_params& p);
 void bwd(const fmha_bwd_params& p, void* stream);
+size_t decode_workspace_size(const fmha_decode_params& p);
+void decode(const fmha_decode_params& p, void* stream);
 void capabilities(fmha_capabilities* caps);
 }  // namespace hip
 #endif

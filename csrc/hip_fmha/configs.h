@@ -8,6 +8,7 @@
 
 #include "bwd_dq_kernel.h"
 #include "bwd_kernel.h"
+#include "decode_kernel.h"
 #include "fwd_kernel.h"
 
 namespace fmha {
@@ -47,6 +48,11 @@ using BwdConfig = BwdTraits<T, D, ColTile<D>::kBlockM, kDropout, kSoftcap>;
 
 template <class T, int D, bool kDropout, bool kSoftcap>
 using BwdDqConfig = BwdDqTraits<T, D, RowTile<D>::N, RowTile<D>::kBlockN, kDropout, kSoftcap>;
+
+// Decode: 16 packed query rows and 16-key blocks per wave (v_mfma_f32_16x16x16), four
+// waves; instances for head dims 64, 128, 256 (others run padded to the next, as on CUDA).
+template <class T, CacheKind kCache, int D>
+using DecodeConfig = DecodeTraits<T, kCache, D>;
 
 }  // namespace hip
 }  // namespace fmha

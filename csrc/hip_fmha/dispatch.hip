@@ -21,30 +21,29 @@ void check_hip(hipError_t err, const char* what) {
   if (err != hipSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, hipGetErrorString(err)));
 }
 
-namespace {
-
-int ceil_div64(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
-
 // The matrix-core kernels read and write 16-byte rows through buffer instructions whose
 // offsets are 32-bit (tile/buffer.h): 16-byte aligned pointers, strides and a head dim in
-// multiples of 8 elements, and the rows of one tile (at most 128) within 2 GB.  The Python
-// package pads and copies to get there.
-constexpr int64_t kMaxRowStride = (int64_t{1} << 31) / (128 * 2);
-
-void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim) {
+// multiples of 8 elements, and the rows of one tile (at most 128 of 2 bytes) within 2 GB.
+// The Python package pads and copies to get there.
+void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes) {
+  const int64_t max_row_stride = (int64_t{1} << 31) / (128 * elem_bytes);
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.row_stride % 8 != 0 || t.head_stride % 8 != 0 ||
       t.batch_stride % 8 != 0)
     FMHA_UNSUPPORTED("the HIP kernels need %s 16-byte aligned with row, head and batch strides multiple of 8 "
                      "elements (got %p, strides %lld, %lld, %lld)",
                      name, t.data, (long long)t.row_stride, (long long)t.head_stride, (long long)t.batch_stride);
-  if (t.row_stride >= kMaxRowStride)
+  if (t.row_stride >= max_row_stride)
     FMHA_UNSUPPORTED("the HIP kernels need %s's row stride below %lld elements (got %lld); make the tensor "
                      "contiguous",
-                     name, (long long)kMaxRowStride, (long long)t.row_stride);
+                     name, (long long)max_row_stride, (long long)t.row_stride);
   if (head_dim % 8 != 0)
     FMHA_UNSUPPORTED("the HIP kernels need head_dim to be a multiple of 8 (got %d); pad the head dimension",
                      head_dim);
 }
+
+namespace {
+
+int ceil_div64(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
 int padded_head_dim(int d) {
   for (int hd : kHeadDims)
@@ -220,7 +219,7 @@ void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
   caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_TRAINING;  // no decode kernels on AMD yet
+  caps->features = FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE;
   snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_HIP_ARCH_LIST);
 }
 

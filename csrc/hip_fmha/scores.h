@@ -54,6 +54,22 @@ struct ScoreMod {
     return s;
   }
 
+  // The decode kernel's: no problem struct, and its ALiBi slope differs per packed query
+  // row, so the kernel subtracts it itself (slope_log2 stays 0) and the scale is folded
+  // only without ALiBi.
+  FMHA_DEVICE static ScoreMod make_decode(float scale, float softcap, bool alibi, const MaskGeometry& geom) {
+    ScoreMod s;
+    s.scale_log2 = scale * kLog2e;
+    s.softcap = softcap > 0.f;
+    s.softcap_in = s.softcap ? scale / softcap : 0.f;
+    s.softcap_out = softcap * kLog2e;
+    s.slope_log2 = 0.f;
+    s.fold_scale = !s.softcap && !alibi && scale > 0.f;
+    s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
+    s.geom = geom;
+    return s;
+  }
+
   // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the
   // window band, the end of the keys or the end of the queries.
   FMHA_DEVICE bool needs_mask(int m0, int m1, int n0, int kN) const {

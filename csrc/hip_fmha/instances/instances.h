@@ -126,5 +126,23 @@ extern template void run_bwd<BwdConfig<bf16, 256, true, false>>(const fmha_bwd_p
 extern template void run_bwd_dq<BwdDqConfig<bf16, 256, true, false>>(const fmha_bwd_params&, const float*, hipStream_t);
 extern template void run_bwd<BwdConfig<bf16, 256, true, true>>(const fmha_bwd_params&, float*, const float*, bool, hipStream_t);
 extern template void run_bwd_dq<BwdDqConfig<bf16, 256, true, true>>(const fmha_bwd_params&, const float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kPlain, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<f16, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kPlain, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
+extern template void run_decode<DecodeConfig<bf16, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, hipStream_t);
 }  // namespace hip
 }  // namespace fmha

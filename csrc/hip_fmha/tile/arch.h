@@ -38,6 +38,26 @@ FMHA_DEVICE void barrier() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+// Orders one wave's LDS accesses around it (HIP's __syncwarp): a wave that writes a tile
+// only it reads needs no workgroup barrier, only this fence for the compiler.
+FMHA_DEVICE void wave_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+
+// x itself, fixed in a scalar register by an empty asm the compiler cannot see into.  A
+// kernel copies the kernel arguments its main loop reads through this once, up front: the
+// compiler merges argument reads into wide scalar loads (up to 16 registers), and a wide
+// load of which one field stays live through the loop keeps scalar registers occupied --
+// in the decode kernel enough to cause scalar spills and a dead 16-byte stack slot, i.e.
+// scratch.  The copy ends the wide load's life where it is made.
+template <class V>
+FMHA_DEVICE V uniform_copy(V x) {
+  asm volatile("" : "+s"(x));
+  return x;
+}
+
 // Value of x in lane (this lane ^ mask); ds_bpermute moves 32 bits between any lanes
 // without allocating LDS.
 FMHA_DEVICE float lane_xor(float x, int mask) {

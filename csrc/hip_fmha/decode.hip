@@ -1,0 +1,193 @@
+// The HIP decode entry point (flash_attn_with_kvcache): append the new tokens, then the
+// split-KV matrix-core kernel (fp16/bf16 queries) or the wave-per-row fp32 kernel, then the
+// split combine -- the CUDA backend's csrc/cuda_fmha/decode.cu, same semantics, same
+// workspace contract.  The number of splits is chosen here, from shapes only
+// (device-resident lengths are never read), and fmha_decode_workspace_size() asks the same
+// function.
+#include <hip/hip_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "../common/backend.h"
+#include "../common/error.h"
+#include "decode_rowwise.h"
+#include "instances/instances.h"
+#include "launch.h"
+
+namespace fmha {
+namespace hip {
+
+namespace {
+
+constexpr int kMaxSplits = 128;
+
+template <class T_, class Elem_>
+struct Types {
+  using T = T_;
+  using Elem = Elem_;
+};
+
+// f(Types<T, Elem>{}) for the query dtype and the cache element of p.
+template <class T, class F>
+void with_elem(const fmha_decode_params& p, F&& f) {
+  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return f(Types<T, uint8_t>{});
+  if (p.cache_dtype == FMHA_DTYPE_INT8) return f(Types<T, int8_t>{});
+  return f(Types<T, T>{});
+}
+template <class F>
+void with_types(const fmha_decode_params& p, F&& f) {
+  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_elem<f16>(p, f);
+  if (p.dtype == FMHA_DTYPE_BFLOAT16) return with_elem<bf16>(p, f);
+  return with_elem<float>(p, f);
+}
+
+// f(DecodeConfig{}) of the matrix-core kernel for p (fp16/bf16 queries); head dims pad to
+// the next instance.
+template <class T, CacheKind C, class F>
+void with_dim(const fmha_decode_params& p, F&& f) {
+  if (p.head_dim <= 64) return f(DecodeConfig<T, C, 64>{});
+  if (p.head_dim <= 128) return f(DecodeConfig<T, C, 128>{});
+  return f(DecodeConfig<T, C, 256>{});
+}
+template <class T, class F>
+void with_cache(const fmha_decode_params& p, F&& f) {
+  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return with_dim<T, CacheKind::kFp8>(p, f);
+  if (p.cache_dtype == FMHA_DTYPE_INT8) return with_dim<T, CacheKind::kInt8>(p, f);
+  return with_dim<T, CacheKind::kPlain>(p, f);
+}
+template <class F>
+void with_config(const fmha_decode_params& p, F&& f) {
+  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_cache<f16>(p, f);
+  return with_cache<bf16>(p, f);
+}
+
+// Compute units of the current device, read once per device.
+int cu_count() {
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  int device = 0;
+  check_hip(hipGetDevice(&device), "hipGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int cus = 0;
+  check_hip(hipDeviceGetAttribute(&cus, hipDeviceAttributeMultiprocessorCount, device), "hipDeviceGetAttribute");
+  return known[device] = cus;
+}
+
+// Splits so that B x Hk x m-tiles x splits workgroups fill whole waves of the GPU: the
+// smallest count whose wave efficiency is within 85% of the best, each split keeping at
+// least 8 blocks (two per wave).  The rule and its constants (a wave is one workgroup per
+// CU for contiguous caches, two for paged ones) are the CUDA backend's, measured on an H200
+// (docs/tuning.md); they were not measured on AMD hardware.  The cache capacity stands in
+// for the lengths, which live on the device.
+int choose_splits(const fmha_decode_params& p) {
+  if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
+  const int64_t wave = (int64_t)cu_count() * (p.block_table != nullptr ? 2 : 1);
+  const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
+  const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
+  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / 8));
+  std::vector<double> eff(max_splits + 1, 0.0);
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const int64_t groups = base * s, waves = (groups + wave - 1) / wave;
+    eff[s] = (double)groups / (double)(waves * wave);
+    best = std::max(best, eff[s]);
+  }
+  for (int s = 1; s <= max_splits; ++s)
+    if (eff[s] >= 0.85 * best) return s;
+  return 1;
+}
+
+struct Plan {
+  int splits = 1;
+  size_t o_bytes = 0, lse_bytes = 0;
+};
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+Plan plan(const fmha_decode_params& p) {
+  Plan pl;
+  if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0) return pl;
+  pl.splits = choose_splits(p);
+  if (pl.splits > 1) {
+    const size_t rows = (size_t)p.batch * p.num_heads_q * p.seqlen_q * pl.splits;
+    pl.o_bytes = align256(rows * p.head_dim * 4);
+    pl.lse_bytes = align256(rows * 4);
+  }
+  return pl;
+}
+
+int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 1) / per_block); }
+
+}  // namespace
+
+size_t decode_workspace_size(const fmha_decode_params& p) {
+  const Plan pl = plan(p);
+  return pl.o_bytes + pl.lse_bytes;
+}
+
+void decode(const fmha_decode_params& p, void* stream) {
+  if (p.batch == 0) return;
+  hipStream_t s = static_cast<hipStream_t>(stream);
+  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  if (p.dtype != FMHA_DTYPE_FLOAT32) {
+    check_vector_layout(p.q, "q", p.head_dim);
+    check_vector_layout(p.out, "out", p.head_dim);
+    if (p.seqlen_new > 0) {
+      check_vector_layout(p.k_new, "k_new", p.head_dim);
+      check_vector_layout(p.v_new, "v_new", p.head_dim);
+    }
+    check_vector_layout(p.k_cache, "k_cache", p.head_dim, quant ? 1 : 2);
+    check_vector_layout(p.v_cache, "v_cache", p.head_dim, quant ? 1 : 2);
+  }
+  if (p.batch > 65535 || (int64_t)p.num_heads_k * DecodeWork::m_tiles(p) > 65535)
+    FMHA_UNSUPPORTED("decode grid too large: batch %d (at most 65535) and num_heads_k x ceil(seqlen_q x group / 16) "
+                     "= %lld (at most 65535)",
+                     p.batch, (long long)p.num_heads_k * DecodeWork::m_tiles(p));
+
+  // 1. The new tokens go into the cache first (stream order makes them visible below).
+  if (p.seqlen_new > 0) {
+    with_types(p, [&](auto types) {
+      using Ty = decltype(types);
+      const int64_t items = (int64_t)p.batch * p.seqlen_new * p.num_heads_k;
+      decode_append_kernel<typename Ty::T, typename Ty::Elem><<<grid_size(items, kRowWaves), kRowThreads, 0, s>>>(p);
+    });
+    check_hip(hipGetLastError(), "decode_append_kernel launch");
+  }
+  if (p.seqlen_q == 0) return;
+
+  // 2. Attention.
+  if (p.dtype == FMHA_DTYPE_FLOAT32) {
+    with_types(p, [&](auto types) {
+      using Ty = decltype(types);
+      if constexpr (std::is_same_v<typename Ty::T, float>)
+        decode_rowwise_kernel<typename Ty::Elem>
+            <<<dim3(grid_size(p.seqlen_q, kRowWaves), p.num_heads_q, p.batch), kRowThreads, 0, s>>>(p);
+    });
+    check_hip(hipGetLastError(), "decode_rowwise_kernel launch");
+    return;
+  }
+  const Plan pl = plan(p);
+  float* o_part = static_cast<float*>(p.workspace);
+  float* lse_part = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + pl.o_bytes);
+  with_config(p, [&](auto traits) { run_decode<decltype(traits)>(p, pl.splits, o_part, lse_part, s); });
+
+  // 3. Splits merged by LSE.
+  if (pl.splits > 1) {
+    const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+    with_types(p, [&](auto types) {
+      using T = typename decltype(types)::T;
+      if constexpr (!std::is_same_v<T, float>)
+        decode_combine_kernel<T><<<grid_size(rows, kRowWaves), kRowThreads, 0, s>>>(p, o_part, lse_part, pl.splits);
+    });
+    check_hip(hipGetLastError(), "decode_combine_kernel launch");
+  }
+}
+
+}  // namespace hip
+}  // namespace fmha
