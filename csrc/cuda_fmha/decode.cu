@@ -20,7 +20,6 @@ namespace cuda {
 
 namespace {
 
-constexpr int kMaxSplits = 128;
 constexpr int kThreadsRow = 32 * kRowWarps;
 
 template <class T_, class Elem_>
@@ -86,7 +85,7 @@ int sm_count() {
 // L = 32k at 3.3 TB/s with three against 1.8 with one.  The cache capacity stands in for
 // the lengths, which live on the device.
 int choose_splits(const fmha_decode_params& p) {
-  if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
+  if (p.num_splits > 0) return std::min(p.num_splits, kMaxDecodeSplits);
   // A wave is the CTAs resident at once that the cache stream wants: one per SM keeps a
   // contiguous 16-bit cache at the copy rate; paged caches (a page lookup per block) and
   // 8-bit ones (more instructions per byte) need more warps in flight (DecodeTraits::kMinBlocks).
@@ -96,7 +95,7 @@ int choose_splits(const fmha_decode_params& p) {
   const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
   const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
   const int min_blocks = quant ? 16 : 8;  // per split: 8-bit caches fill a 4-stage ring per warp
-  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / min_blocks));
+  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (capacity + 15) / 16 / min_blocks));
   std::vector<double> eff(max_splits + 1, 0.0);
   double best = 0.0;
   for (int s = 1; s <= max_splits; ++s) {

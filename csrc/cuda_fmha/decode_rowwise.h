@@ -22,6 +22,8 @@
 namespace fmha {
 namespace cuda {
 
+constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most (decode.cu)
+
 __device__ __forceinline__ float cache_value(float x) { return x; }
 __device__ __forceinline__ float cache_value(__half x) { return __half2float(x); }
 __device__ __forceinline__ float cache_value(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -110,19 +112,35 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   if (row >= rows) return;
   const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
   const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
+  // Every split's LSE is loaded at once (lane l holds splits l, l + 32, ...), so the weights
+  // need no global load inside the loop and the partial rows' loads are all independent:
+  // a loop that loaded each LSE before its row waited two memory latencies per split.
+  constexpr int kPerLane = kMaxDecodeSplits / 32;
+  float w[kPerLane];
   float m = -INFINITY;
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, lse_part[s * rows + row]);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int s = lane + 32 * j;
+    w[j] = s < splits ? lse_part[s * rows + row] : -INFINITY;
+    m = fmaxf(m, w[j]);
+  }
   m = warp_max(m);
   float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < splits; s += 32) sum += __expf(lse_part[s * rows + row] - m);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    w[j] = m == -INFINITY ? 0.f : __expf(w[j] - m);  // 0 for splits that saw no key
+    sum += w[j];
+  }
   sum = warp_sum(sum);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
   LaneRow acc;
   acc.zero();
   const int d = p.head_dim;
-  for (int s = 0; s < splits && m != -INFINITY; ++s) {
-    const float w = __expf(lse_part[s * rows + row] - m) / sum;
-    if (w > 0.f) acc.axpy(w, o_part + (s * rows + row) * d, d, lane);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+#pragma unroll 4
+    for (int t = 0; t < 32 && 32 * j + t < splits; ++t)
+      acc.axpy(__shfl_sync(0xffffffffu, w[j], t) * inv, o_part + ((32 * j + t) * rows + row) * d, d, lane);
   }
   acc.store(static_cast<T*>(p.out.data) + (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride +
                 (int64_t)h * p.out.head_stride,

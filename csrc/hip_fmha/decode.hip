@@ -23,8 +23,6 @@ namespace hip {
 
 namespace {
 
-constexpr int kMaxSplits = 128;
-
 template <class T_, class Elem_>
 struct Types {
   using T = T_;
@@ -86,11 +84,11 @@ int cu_count() {
 // (docs/tuning.md); they were not measured on AMD hardware.  The cache capacity stands in
 // for the lengths, which live on the device.
 int choose_splits(const fmha_decode_params& p) {
-  if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
+  if (p.num_splits > 0) return std::min(p.num_splits, kMaxDecodeSplits);
   const int64_t wave = (int64_t)cu_count() * (p.block_table != nullptr ? 2 : 1);
   const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
   const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
-  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (capacity + 15) / 16 / 8));
+  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (capacity + 15) / 16 / 8));
   std::vector<double> eff(max_splits + 1, 0.0);
   double best = 0.0;
   for (int s = 1; s <= max_splits; ++s) {

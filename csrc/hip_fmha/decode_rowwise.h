@@ -25,6 +25,8 @@
 namespace fmha {
 namespace hip {
 
+constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most (decode.hip)
+
 // A cache element as a float (before its scale): T (f16, bf16, float) or 8-bit.
 template <class Elem, class T>
 FMHA_DEVICE float cache_value(const void* base, int64_t i) {
@@ -116,19 +118,36 @@ __global__ void __launch_bounds__(kRowThreads)
   if (row >= rows) return;
   const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
   const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
+  // Every split's LSE is loaded at once (lane l holds splits l, l + 64), so the weights
+  // need no global load inside the loop and the partial rows' loads are all independent.
+  constexpr int kPerLane = kMaxDecodeSplits / kWaveSize;
+  float w[kPerLane];
   float m = -INFINITY;
-  for (int s = lane; s < splits; s += kWaveSize) m = fmaxf(m, lse_part[s * rows + row]);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int s = lane + kWaveSize * j;
+    w[j] = s < splits ? lse_part[s * rows + row] : -INFINITY;
+    m = fmaxf(m, w[j]);
+  }
   m = wave_max(m);
   float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < splits; s += kWaveSize) sum += fast_exp2((lse_part[s * rows + row] - m) * kLog2e);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    w[j] = m == -INFINITY ? 0.f : fast_exp2((w[j] - m) * kLog2e);  // 0 for splits that saw no key
+    sum += w[j];
+  }
   sum = wave_sum(sum);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
   LaneRow acc;
   acc.zero();
   const int d = p.head_dim;
-  for (int s = 0; s < splits && m != -INFINITY; ++s) {
-    const float w = fast_exp2((lse_part[s * rows + row] - m) * kLog2e) / sum;
-    if (w > 0.f) acc.axpy<float>(w, o_part, (s * rows + row) * d, d, lane);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+#pragma unroll 4
+    for (int t = 0; t < kWaveSize && kWaveSize * j + t < splits; ++t) {
+      const float ws = __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, w[j]), t));
+      acc.axpy<float>(ws * inv, o_part, ((kWaveSize * j + t) * rows + row) * d, d, lane);
+    }
   }
   acc.store<T>(p.out.data,
                (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride + (int64_t)h * p.out.head_stride, d,
