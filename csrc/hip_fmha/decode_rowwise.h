@@ -1,219 +1,36 @@
-// Wave-per-row kernels of the decode path (rowwise.h's layout: a wave owns one row, lane l
-// the head-dim elements l, l + 64, ...), the CUDA backend's decode_rowwise.h at wave64:
-//  - decode_append_kernel: new keys (rotated) and values into the cache at filled + t,
-//    quantized in place for 8-bit caches (per-token scales written), as csrc/cpu/decode.cpp;
-//  - decode_combine_kernel: the split-KV partials merged by LSE (merge_attentions' rule);
-//  - decode_rowwise_kernel: the fp32 decode on the vector ALUs, every cache kind, following
-//    the CPU backend's loop with the same csrc/common/ helpers.
-// Every cache index goes through CacheView / DecodeSequence, which clamp device metadata.
+// Wave-per-row kernels of the decode path: cache append (rotary, 8-bit quantization), the
+// split-KV combine and the fp32 decode.  The bodies are csrc/common/decode_rows.h's,
+// shared with the CUDA backend; these are their __global__ wrappers on rowwise.h's Wave.
 #pragma once
 
 #include "tile/arch.h"  // first: HIP's __host__/__device__, which csrc/common/ uses
 
-#include <math.h>
-
-#include <type_traits>
-
-#include "../common/kv_cache.h"
-#include "../common/mask.h"
-#include "../common/quant.h"
-#include "../common/rotary.h"
-#include "../common/softmax.h"
-#include "fmha/fmha.h"
+#include "../common/decode_rows.h"
 #include "rowwise.h"
 
 namespace fmha {
 namespace hip {
 
-constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most (decode.hip)
-
-// A cache element as a float (before its scale): T (f16, bf16, float) or 8-bit.
-template <class Elem, class T>
-FMHA_DEVICE float cache_value(const void* base, int64_t i) {
-  if constexpr (std::is_same_v<Elem, uint8_t>)
-    return fp8_e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
-  else if constexpr (std::is_same_v<Elem, int8_t>)
-    return int8_to_float(static_cast<const int8_t*>(base)[i]);
-  else
-    return load_elem<T>(base, i);
-}
-
-FMHA_DEVICE float wave_max(float x) {
-#pragma unroll
-  for (int o = kWaveSize / 2; o > 0; o /= 2) x = fmaxf(x, lane_xor(x, o));
-  return x;
-}
-
-// Rotates row[0 .. rotary_dim) (fp32, LDS, one wave) as position pos.
-template <class T>
-FMHA_DEVICE void rotate_row(const fmha_decode_params& p, float* row, int64_t pos, int lane) {
-  const int half = p.rotary_dim / 2;
-  const int64_t at = (int64_t)clamp_index(pos, 0, p.seqlen_ro - 1) * half;
-  for (int k = lane; k < half; k += kWaveSize) {
-    int a, c;
-    rotary_pair(k, p.rotary_dim, p.rotary_interleaved != 0, &a, &c);
-    rotate_pair(&row[a], &row[c], load_elem<T>(p.rotary_cos, at + k), load_elem<T>(p.rotary_sin, at + k));
-  }
-  wave_barrier();
-}
-
 // One wave per (b, t, hk) of the new tokens: grid ceil(B * seqlen_new * Hk / kRowWaves).
-// T: the dtype of k_new/v_new; Elem: the cache element (T, or uint8_t fp8 / int8_t int8).
 template <class T, class Elem>
 __global__ void __launch_bounds__(kRowThreads) decode_append_kernel(const fmha_decode_params p) {
   __shared__ float rows[kRowWaves][FMHA_MAX_HEAD_DIM];
-  const int lane = lane_id(), wave = wave_id();
-  const int64_t item = (int64_t)block_x() * kRowWaves + wave;
-  if (item >= (int64_t)p.batch * p.seqlen_new * p.num_heads_k) return;
-  const int hk = (int)(item % p.num_heads_k), tn = (int)(item / p.num_heads_k % p.seqlen_new);
-  const int b = (int)(item / ((int64_t)p.num_heads_k * p.seqlen_new));
-  const CacheView cv{&p, b};
-  const int pos = DecodeSequence::get(p, b).filled + tn;
-  const int d = p.head_dim;
-  float* row = rows[wave];
-  for (int which = 0; which < 2; ++which) {
-    const fmha_tensor& src_t = which ? p.v_new : p.k_new;
-    const int64_t src = (int64_t)b * src_t.batch_stride + (int64_t)tn * src_t.row_stride +
-                        (int64_t)hk * src_t.head_stride;
-    for (int e = lane; e < d; e += kWaveSize) row[e] = load_elem<T>(src_t.data, src + e);
-    wave_barrier();
-    if (which == 0 && p.rotary_dim > 0) rotate_row<T>(p, row, pos, lane);
-    const fmha_tensor& dst_t = which ? p.v_cache : p.k_cache;
-    const int64_t dst = cv.offset(dst_t, pos, hk);
-    if constexpr (std::is_same_v<Elem, T>) {
-      for (int e = lane; e < d; e += kWaveSize) store_elem<T>(dst_t.data, dst + e, row[e]);
-    } else {
-      float* scales = which ? p.v_scale : p.k_scale;
-      float s;
-      if (p.scaling == FMHA_SCALE_PER_TOKEN) {
-        float amax = 0.f;
-        for (int e = lane; e < d; e += kWaveSize) amax = fmaxf(amax, fabsf(row[e]));
-        s = wave_max(amax) / quant_max(p.cache_dtype);
-        if (lane == 0) scales[cv.scale_index(pos, hk)] = s;
-      } else {
-        s = scales[hk];
-      }
-      const float inv = s > 0.f ? 1.f / s : 0.f;
-      Elem* out = static_cast<Elem*>(dst_t.data) + dst;
-      for (int e = lane; e < d; e += kWaveSize) {
-        if constexpr (std::is_same_v<Elem, uint8_t>)
-          out[e] = float_to_fp8_e4m3(row[e] * inv);
-        else
-          out[e] = float_to_int8(row[e] * inv);
-      }
-    }
-    wave_barrier();  // row is reused for the value
-  }
+  const int wave = wave_id();
+  decode_append_row<Wave, T, Elem>(p, (int64_t)block_x() * kRowWaves + wave, lane_id(), rows[wave]);
 }
 
 // One wave per output row (b, h, i) in LSE order: grid ceil(B * Hq * Sq / kRowWaves).
-// o_part: (splits, B, Hq, Sq, head_dim) fp32, each normalized over its split; lse_part:
-// (splits, B, Hq, Sq).
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
     decode_combine_kernel(const fmha_decode_params p, const float* o_part, const float* lse_part, int splits) {
-  const int lane = lane_id();
-  const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
-  const int64_t row = (int64_t)block_x() * kRowWaves + wave_id();
-  if (row >= rows) return;
-  const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
-  const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
-  // Every split's LSE is loaded at once (lane l holds splits l, l + 64), so the weights
-  // need no global load inside the loop and the partial rows' loads are all independent.
-  constexpr int kPerLane = kMaxDecodeSplits / kWaveSize;
-  float w[kPerLane];
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int s = lane + kWaveSize * j;
-    w[j] = s < splits ? lse_part[s * rows + row] : -INFINITY;
-    m = fmaxf(m, w[j]);
-  }
-  m = wave_max(m);
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    w[j] = m == -INFINITY ? 0.f : fast_exp2((w[j] - m) * kLog2e);  // 0 for splits that saw no key
-    sum += w[j];
-  }
-  sum = wave_sum(sum);
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  LaneRow acc;
-  acc.zero();
-  const int d = p.head_dim;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-#pragma unroll 4
-    for (int t = 0; t < kWaveSize && kWaveSize * j + t < splits; ++t) {
-      const float ws = __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, w[j]), t));
-      acc.axpy<float>(ws * inv, o_part, ((kWaveSize * j + t) * rows + row) * d, d, lane);
-    }
-  }
-  acc.store<T>(p.out.data,
-               (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride + (int64_t)h * p.out.head_stride, d,
-               lane);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = m == -INFINITY ? -INFINITY : m + log2f(sum) * kLn2;
+  decode_combine_row<Wave, T>(p, o_part, lse_part, splits, (int64_t)block_x() * kRowWaves + wave_id(), lane_id());
 }
 
-// fp32 decode, one wave per (b, h, i): grid (ceil(Sq / kRowWaves), Hq, B).  The CPU's
-// attend_row on a wave; Elem is the cache element (float, or 8-bit with scales).
+// fp32 decode, one wave per (b, h, i): grid (ceil(Sq / kRowWaves), Hq, B).
 template <class Elem>
 __global__ void __launch_bounds__(kRowThreads) decode_rowwise_kernel(const fmha_decode_params p) {
   __shared__ float rows[kRowWaves][FMHA_MAX_HEAD_DIM];
-  const WaveRow w;
-  if (w.i >= p.seqlen_q) return;
-  const int d = p.head_dim, hk = w.h / (p.num_heads_q / p.num_heads_k);
-  const CacheView cv{&p, w.b};
-  const DecodeSequence seq = DecodeSequence::get(p, w.b);
-  float* qrow = rows[wave_id()];
-  const int64_t q_off =
-      (int64_t)w.b * p.q.batch_stride + (int64_t)w.i * p.q.row_stride + (int64_t)w.h * p.q.head_stride;
-  for (int e = w.lane; e < d; e += kWaveSize) qrow[e] = load_elem<float>(p.q.data, q_off + e);
-  wave_barrier();
-  const bool per_row = p.window_left >= 0 || p.window_right >= 0;
-  if (p.rotary_dim > 0) rotate_row<float>(p, qrow, (int64_t)seq.filled + (per_row ? w.i : 0), w.lane);
-  LaneRow qv, acc;
-#pragma unroll
-  for (int c = 0; c < kLaneElems; ++c) qv.v[c] = w.lane + kWaveSize * c < d ? qrow[w.lane + kWaveSize * c] : 0.f;
-  acc.zero();
-
-  constexpr bool kQuant = !std::is_same_v<Elem, float>;
-  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
-  const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
-  const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)w.b * p.alibi_batch_stride + w.h] : 0.f;
-  float m = -INFINITY, l = 0.f;
-  const int je = geom.key_end(w.i + 1);
-  for (int j = geom.key_begin(w.i); j < je; ++j) {
-    const int pos = seq.leftpad + j;
-    const int64_t krow = cv.offset(p.k_cache, pos, hk), vrow = cv.offset(p.v_cache, pos, hk);
-    const float ks = kQuant ? p.k_scale[cv.scale_index(pos, hk)] : 1.f;
-    const float vs = kQuant ? p.v_scale[cv.scale_index(pos, hk)] : 1.f;
-    float part = 0.f;
-#pragma unroll
-    for (int c = 0; c < kLaneElems; ++c) {
-      const int e = w.lane + kWaveSize * c;
-      if (e < d) part += qv.v[c] * (cache_value<Elem, float>(p.k_cache.data, krow + e) * ks);
-    }
-    // ScoreParams::apply with arch.h's tanh (ocml's tanhf is a device-library call).
-    float s = wave_sum(part) * sp.scale;
-    if (sp.softcap > 0.f) s = sp.softcap * tanh_f32(s * sp.softcap_inv);
-    if (slope != 0.f) s -= slope * geom.alibi_distance(w.i, j);
-    const float s2 = s * kLog2e, m_new = fmaxf(m, s2);
-    const float r = softmax_rescale(m, m_new), pj = exp2f(s2 - m_new);
-    l = l * r + pj;
-    m = m_new;
-#pragma unroll
-    for (int c = 0; c < kLaneElems; ++c) {
-      const int e = w.lane + kWaveSize * c;
-      acc.v[c] = acc.v[c] * r + (e < d ? pj * (cache_value<Elem, float>(p.v_cache.data, vrow + e) * vs) : 0.f);
-    }
-  }
-  acc.store<float>(p.out.data,
-                   (int64_t)w.b * p.out.batch_stride + (int64_t)w.i * p.out.row_stride +
-                       (int64_t)w.h * p.out.head_stride,
-                   d, w.lane, softmax_inv_sum(l));
-  if (p.lse != nullptr && w.lane == 0)
-    p.lse[((int64_t)w.b * p.num_heads_q + w.h) * p.seqlen_q + w.i] = softmax_lse(m, l);
+  decode_fp32_row<Wave, Elem>(p, wave_row(), rows[wave_id()]);
 }
 
 }  // namespace hip

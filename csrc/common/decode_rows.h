@@ -1,0 +1,205 @@
+// Row-wise bodies of the decode path (row_kernels.h's layout and lane group policy G: a
+// group owns one row, lane l the head-dim elements l, l + G::kWidth, ...):
+//  - decode_append_row: new keys (rotated) and values into the cache at filled + t,
+//    quantized in place for 8-bit caches (per-token scales written), as csrc/cpu/decode.cpp;
+//  - decode_combine_row: the split-KV partials merged by LSE (merge_attentions' rule);
+//  - decode_fp32_row: the fp32 decode without matrix units, every cache kind, following the
+//    CPU backend's loop with the same csrc/common/ helpers.
+// Every cache index goes through CacheView / DecodeSequence, which clamp device metadata.
+// Device-only, like row_kernels.h; each backend's decode_rowwise.h holds the __global__
+// wrappers and the group's shared-memory row.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "fmha/fmha.h"
+#include "kv_cache.h"
+#include "macros.h"
+#include "mask.h"
+#include "quant.h"
+#include "rotary.h"
+#include "row_kernels.h"
+#include "softmax.h"
+
+namespace fmha {
+
+constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most (decode.cu, decode.hip)
+
+// A cache element as a float (before its scale): T (the policy's dtypes) or 8-bit.
+template <class G, class Elem, class T>
+FMHA_DEVICE float cache_elem(const void* base, int64_t i) {
+  if constexpr (std::is_same_v<Elem, uint8_t>)
+    return fp8_e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+  else if constexpr (std::is_same_v<Elem, int8_t>)
+    return int8_to_float(static_cast<const int8_t*>(base)[i]);
+  else
+    return G::template load<T>(base, i);
+}
+
+// Rotates row[0 .. rotary_dim) (fp32, the group's shared-memory row) as position pos.
+template <class G, class T>
+FMHA_DEVICE void rotate_shared_row(const fmha_decode_params& p, float* row, int64_t pos, int lane) {
+  const int half = p.rotary_dim / 2;
+  const int64_t at = (int64_t)clamp_index(pos, 0, p.seqlen_ro - 1) * half;
+  for (int k = lane; k < half; k += G::kWidth) {
+    int a, c;
+    rotary_pair(k, p.rotary_dim, p.rotary_interleaved != 0, &a, &c);
+    rotate_pair(&row[a], &row[c], G::template load<T>(p.rotary_cos, at + k), G::template load<T>(p.rotary_sin, at + k));
+  }
+  G::sync();
+}
+
+// New token `item` = (b, t, hk) in (B, seqlen_new, Hk) order.  T: the dtype of k_new/v_new;
+// Elem: the cache element (T, or uint8_t fp8 / int8_t int8); row: the group's fp32 row of
+// FMHA_MAX_HEAD_DIM in shared memory.
+template <class G, class T, class Elem>
+FMHA_DEVICE void decode_append_row(const fmha_decode_params& p, int64_t item, int lane, float* row) {
+  if (item >= (int64_t)p.batch * p.seqlen_new * p.num_heads_k) return;
+  const int hk = (int)(item % p.num_heads_k), tn = (int)(item / p.num_heads_k % p.seqlen_new);
+  const int b = (int)(item / ((int64_t)p.num_heads_k * p.seqlen_new));
+  const CacheView cv{&p, b};
+  const int pos = DecodeSequence::get(p, b).filled + tn;
+  const int d = p.head_dim;
+  for (int which = 0; which < 2; ++which) {
+    const fmha_tensor& src_t = which ? p.v_new : p.k_new;
+    const int64_t src = (int64_t)b * src_t.batch_stride + (int64_t)tn * src_t.row_stride +
+                        (int64_t)hk * src_t.head_stride;
+    for (int e = lane; e < d; e += G::kWidth) row[e] = G::template load<T>(src_t.data, src + e);
+    G::sync();
+    if (which == 0 && p.rotary_dim > 0) rotate_shared_row<G, T>(p, row, pos, lane);
+    const fmha_tensor& dst_t = which ? p.v_cache : p.k_cache;
+    const int64_t dst = cv.offset(dst_t, pos, hk);
+    if constexpr (std::is_same_v<Elem, T>) {
+      for (int e = lane; e < d; e += G::kWidth) G::template store<T>(dst_t.data, dst + e, row[e]);
+    } else {
+      float* scales = which ? p.v_scale : p.k_scale;
+      float s;
+      if (p.scaling == FMHA_SCALE_PER_TOKEN) {
+        float amax = 0.f;
+        for (int e = lane; e < d; e += G::kWidth) amax = fmaxf(amax, fabsf(row[e]));
+        s = G::max(amax) / quant_max(p.cache_dtype);
+        if (lane == 0) scales[cv.scale_index(pos, hk)] = s;
+      } else {
+        s = scales[hk];
+      }
+      const float inv = s > 0.f ? 1.f / s : 0.f;
+      Elem* out = static_cast<Elem*>(dst_t.data) + dst;
+      for (int e = lane; e < d; e += G::kWidth) {
+        if constexpr (std::is_same_v<Elem, uint8_t>)
+          out[e] = float_to_fp8_e4m3(row[e] * inv);
+        else
+          out[e] = float_to_int8(row[e] * inv);
+      }
+    }
+    G::sync();  // row is reused for the value
+  }
+}
+
+// Output row `row` = (b, h, i) in LSE order (B, Hq, Sq).  o_part: (splits, B, Hq, Sq,
+// head_dim) fp32, each normalized over its split; lse_part: (splits, B, Hq, Sq).
+template <class G, class T>
+FMHA_DEVICE void decode_combine_row(const fmha_decode_params& p, const float* o_part, const float* lse_part,
+                                    int splits, int64_t row, int lane) {
+  const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+  if (row >= rows) return;
+  const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
+  const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
+  // Every split's LSE is loaded at once (lane l holds splits l, l + kWidth, ...), so the
+  // weights need no global load inside the loop and the partial rows' loads are all
+  // independent: a loop that loaded each LSE before its row waited two memory latencies per
+  // split.
+  constexpr int kPerLane = kMaxDecodeSplits / G::kWidth;
+  float w[kPerLane];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int s = lane + G::kWidth * j;
+    w[j] = s < splits ? lse_part[s * rows + row] : -INFINITY;
+    m = fmaxf(m, w[j]);
+  }
+  m = G::max(m);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    w[j] = m == -INFINITY ? 0.f : G::exp(w[j] - m);  // 0 for splits that saw no key
+    sum += w[j];
+  }
+  sum = G::sum(sum);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  LaneRow<G> acc;
+  acc.zero();
+  const int d = p.head_dim;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+#pragma unroll 4
+    for (int t = 0; t < G::kWidth && G::kWidth * j + t < splits; ++t)
+      acc.template axpy<float>(G::broadcast(w[j], t) * inv, o_part, ((G::kWidth * j + t) * rows + row) * d, d, lane);
+  }
+  acc.template store<T>(p.out.data,
+                        (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride +
+                            (int64_t)h * p.out.head_stride,
+                        d, lane);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = m == -INFINITY ? -INFINITY : m + G::log(sum);
+}
+
+// fp32 decode of row (b, h, i): the CPU's attend_row on a lane group.  Elem is the cache
+// element (float, or 8-bit with scales); qrow: the group's fp32 row in shared memory.
+template <class G, class Elem>
+FMHA_DEVICE void decode_fp32_row(const fmha_decode_params& p, const RowId& w, float* qrow) {
+  if (w.i >= p.seqlen_q) return;
+  const int d = p.head_dim, hk = w.h / (p.num_heads_q / p.num_heads_k);
+  const CacheView cv{&p, w.b};
+  const DecodeSequence seq = DecodeSequence::get(p, w.b);
+  const int64_t q_off =
+      (int64_t)w.b * p.q.batch_stride + (int64_t)w.i * p.q.row_stride + (int64_t)w.h * p.q.head_stride;
+  for (int e = w.lane; e < d; e += G::kWidth) qrow[e] = G::template load<float>(p.q.data, q_off + e);
+  G::sync();
+  const bool per_row = p.window_left >= 0 || p.window_right >= 0;
+  if (p.rotary_dim > 0) rotate_shared_row<G, float>(p, qrow, (int64_t)seq.filled + (per_row ? w.i : 0), w.lane);
+  constexpr int kElems = LaneRow<G>::kElems;
+  LaneRow<G> qv, acc;
+#pragma unroll
+  for (int c = 0; c < kElems; ++c) qv.v[c] = w.lane + G::kWidth * c < d ? qrow[w.lane + G::kWidth * c] : 0.f;
+  acc.zero();
+
+  constexpr bool kQuant = !std::is_same_v<Elem, float>;
+  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
+  const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
+  const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)w.b * p.alibi_batch_stride + w.h] : 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int je = geom.key_end(w.i + 1);
+  for (int j = geom.key_begin(w.i); j < je; ++j) {
+    const int pos = seq.leftpad + j;
+    const int64_t krow = cv.offset(p.k_cache, pos, hk), vrow = cv.offset(p.v_cache, pos, hk);
+    const float ks = kQuant ? p.k_scale[cv.scale_index(pos, hk)] : 1.f;
+    const float vs = kQuant ? p.v_scale[cv.scale_index(pos, hk)] : 1.f;
+    float part = 0.f;
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = w.lane + G::kWidth * c;
+      if (e < d) part += qv.v[c] * (cache_elem<G, Elem, float>(p.k_cache.data, krow + e) * ks);
+    }
+    float s = row_score<G>(sp, G::sum(part));
+    if (slope != 0.f) s -= slope * geom.alibi_distance(w.i, j);
+    const float s2 = s * kLog2e, m_new = fmaxf(m, s2);
+    const float r = softmax_rescale(m, m_new), pj = exp2f(s2 - m_new);
+    l = l * r + pj;
+    m = m_new;
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = w.lane + G::kWidth * c;
+      acc.v[c] = acc.v[c] * r + (e < d ? pj * (cache_elem<G, Elem, float>(p.v_cache.data, vrow + e) * vs) : 0.f);
+    }
+  }
+  acc.template store<float>(p.out.data,
+                            (int64_t)w.b * p.out.batch_stride + (int64_t)w.i * p.out.row_stride +
+                                (int64_t)w.h * p.out.head_stride,
+                            d, w.lane, softmax_inv_sum(l));
+  if (p.lse != nullptr && w.lane == 0)
+    p.lse[((int64_t)w.b * p.num_heads_q + w.h) * p.seqlen_q + w.i] = softmax_lse(m, l);
+}
+
+}  // namespace fmha
