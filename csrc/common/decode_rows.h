@@ -15,6 +15,7 @@
 
 #include <type_traits>
 
+#include "decode_plan.h"
 #include "fmha/fmha.h"
 #include "kv_cache.h"
 #include "macros.h"
@@ -26,7 +27,6 @@
 
 namespace fmha {
 
-constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most (decode.cu, decode.hip)
 
 // A cache element as a float (before its scale): T (the policy's dtypes) or 8-bit.
 template <class G, class Elem, class T>

@@ -4,12 +4,11 @@
 // lengths are never read), and fmha_decode_workspace_size() asks the same function.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
-#include <vector>
 
 #include "../common/backend.h"
+#include "../common/decode_plan.h"
 #include "../common/error.h"
 #include "decode_rowwise.h"
 #include "instances/instances.h"
@@ -75,56 +74,18 @@ int sm_count() {
   return known[device] = sms;
 }
 
-// Splits so that B x Hk x m-tiles x splits CTAs fill whole waves: the smallest count whose
-// wave efficiency is within 85% of the best, each split keeping at least 8 blocks (two per
-// warp; 16 for 8-bit caches).  A wave is one CTA per SM for contiguous 16-bit caches, two for paged ones, whose
-// block-table lookups want more warps in flight, and three for 8-bit caches at D <= 128
-// (DecodeTraits::kMinBlocks): on an H200 (tools/tune/decode_splits.py, docs/tuning.md)
-// contiguous B = 1, L = 8k ran at 1.43 TB/s with one per SM against 1.23 with two,
-// paged-16 B = 1, L = 128k at 3.75 TB/s with two against 2.85 with one, and fp8 B = 8,
-// L = 32k at 3.3 TB/s with three against 1.8 with one.  The cache capacity stands in for
-// the lengths, which live on the device.
-int choose_splits(const fmha_decode_params& p) {
-  if (p.num_splits > 0) return std::min(p.num_splits, kMaxDecodeSplits);
-  // A wave is the CTAs resident at once that the cache stream wants: one per SM keeps a
-  // contiguous 16-bit cache at the copy rate; paged caches (a page lookup per block) and
-  // 8-bit ones (more instructions per byte) need more warps in flight (DecodeTraits::kMinBlocks).
+// A wave of the cache stream: one CTA per SM keeps a contiguous 16-bit cache at the copy
+// rate; paged caches (a page lookup per block) want two, 8-bit caches at D <= 128 (more
+// instructions per byte) three (DecodeTraits::kMinBlocks), and 8-bit splits keep at least
+// 16 blocks (a 4-stage ring per warp; 8 otherwise).  Measured on an H200
+// (tools/tune/decode_splits.py, docs/tuning.md): contiguous B = 1, L = 8k ran at 1.43 TB/s
+// with one per SM against 1.23 with two, paged-16 B = 1, L = 128k at 3.75 TB/s with two
+// against 2.85 with one, and fp8 B = 8, L = 32k at 3.3 TB/s with three against 1.8 with one.
+DecodePlan plan(const fmha_decode_params& p) {
   const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
   const int per_sm = quant ? (p.head_dim <= 128 ? 3 : 2) : p.block_table != nullptr ? 2 : 1;
-  const int64_t wave = (int64_t)sm_count() * per_sm;
-  const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
-  const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
-  const int min_blocks = quant ? 16 : 8;  // per split: 8-bit caches fill a 4-stage ring per warp
-  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (capacity + 15) / 16 / min_blocks));
-  std::vector<double> eff(max_splits + 1, 0.0);
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) {
-    const int64_t ctas = base * s, waves = (ctas + wave - 1) / wave;
-    eff[s] = (double)ctas / (double)(waves * wave);
-    best = std::max(best, eff[s]);
-  }
-  for (int s = 1; s <= max_splits; ++s)
-    if (eff[s] >= 0.85 * best) return s;
-  return 1;
-}
-
-struct Plan {
-  int splits = 1;
-  size_t o_bytes = 0, lse_bytes = 0;
-};
-
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
-
-Plan plan(const fmha_decode_params& p) {
-  Plan pl;
-  if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0) return pl;
-  pl.splits = choose_splits(p);
-  if (pl.splits > 1) {
-    const size_t rows = (size_t)p.batch * p.num_heads_q * p.seqlen_q * pl.splits;
-    pl.o_bytes = align256(rows * p.head_dim * 4);
-    pl.lse_bytes = align256(rows * 4);
-  }
-  return pl;
+  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p), (int64_t)sm_count() * per_sm,
+                          quant ? 16 : 8);
 }
 
 int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 1) / per_block); }
@@ -132,7 +93,7 @@ int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 
 }  // namespace
 
 size_t decode_workspace_size(const fmha_decode_params& p) {
-  const Plan pl = plan(p);
+  const DecodePlan pl = plan(p);
   return pl.o_bytes + pl.lse_bytes;
 }
 
@@ -177,7 +138,7 @@ void decode(const fmha_decode_params& p, void* stream) {
     check_cuda(cudaGetLastError(), "decode_rowwise_kernel launch");
     return;
   }
-  const Plan pl = plan(p);
+  const DecodePlan pl = plan(p);
   float* o_part = static_cast<float*>(p.workspace);
   float* lse_part = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + pl.o_bytes);
   with_config(p, [&](auto traits) { run_decode<decltype(traits)>(p, pl.splits, o_part, lse_part, s); });

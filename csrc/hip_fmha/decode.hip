@@ -6,13 +6,12 @@
 // function.
 #include <hip/hip_runtime.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include "../common/backend.h"
+#include "../common/decode_plan.h"
 #include "../common/error.h"
 #include "decode_rowwise.h"
 #include "instances/instances.h"
@@ -77,47 +76,12 @@ int cu_count() {
   return known[device] = cus;
 }
 
-// Splits so that B x Hk x m-tiles x splits workgroups fill whole waves of the GPU: the
-// smallest count whose wave efficiency is within 85% of the best, each split keeping at
-// least 8 blocks (two per wave).  The rule and its constants (a wave is one workgroup per
-// CU for contiguous caches, two for paged ones) are the CUDA backend's, measured on an H200
-// (docs/tuning.md); they were not measured on AMD hardware.  The cache capacity stands in
-// for the lengths, which live on the device.
-int choose_splits(const fmha_decode_params& p) {
-  if (p.num_splits > 0) return std::min(p.num_splits, kMaxDecodeSplits);
-  const int64_t wave = (int64_t)cu_count() * (p.block_table != nullptr ? 2 : 1);
-  const int64_t base = (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p);
-  const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
-  const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (capacity + 15) / 16 / 8));
-  std::vector<double> eff(max_splits + 1, 0.0);
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) {
-    const int64_t groups = base * s, waves = (groups + wave - 1) / wave;
-    eff[s] = (double)groups / (double)(waves * wave);
-    best = std::max(best, eff[s]);
-  }
-  for (int s = 1; s <= max_splits; ++s)
-    if (eff[s] >= 0.85 * best) return s;
-  return 1;
-}
-
-struct Plan {
-  int splits = 1;
-  size_t o_bytes = 0, lse_bytes = 0;
-};
-
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
-
-Plan plan(const fmha_decode_params& p) {
-  Plan pl;
-  if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0) return pl;
-  pl.splits = choose_splits(p);
-  if (pl.splits > 1) {
-    const size_t rows = (size_t)p.batch * p.num_heads_q * p.seqlen_q * pl.splits;
-    pl.o_bytes = align256(rows * p.head_dim * 4);
-    pl.lse_bytes = align256(rows * 4);
-  }
-  return pl;
+// The CUDA backend's split rule (a wave of one workgroup per CU for contiguous caches, two
+// for paged ones; at least 8 blocks per split), measured on an H200 (docs/tuning.md), not
+// on AMD hardware.
+DecodePlan plan(const fmha_decode_params& p) {
+  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p),
+                          (int64_t)cu_count() * (p.block_table != nullptr ? 2 : 1), 8);
 }
 
 int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 1) / per_block); }
@@ -125,7 +89,7 @@ int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 
 }  // namespace
 
 size_t decode_workspace_size(const fmha_decode_params& p) {
-  const Plan pl = plan(p);
+  const DecodePlan pl = plan(p);
   return pl.o_bytes + pl.lse_bytes;
 }
 
@@ -170,7 +134,7 @@ void decode(const fmha_decode_params& p, void* stream) {
     check_hip(hipGetLastError(), "decode_rowwise_kernel launch");
     return;
   }
-  const Plan pl = plan(p);
+  const DecodePlan pl = plan(p);
   float* o_part = static_cast<float*>(p.workspace);
   float* lse_part = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + pl.o_bytes);
   with_config(p, [&](auto traits) { run_decode<decltype(traits)>(p, pl.splits, o_part, lse_part, s); });

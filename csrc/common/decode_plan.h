@@ -1,0 +1,60 @@
+// The split-KV plan of a GPU decode call (flash-decoding), shared by the CUDA and HIP
+// backends: how many splits each (sequence, KV head, query tile) gets, and the workspace
+// that their fp32 partial outputs and LSEs take.  Host code; each backend supplies what it
+// knows of its hardware: how many CTAs (workgroups) a wave of the cache stream wants
+// resident at once, and the fewest 16-row cache blocks a split should keep.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "fmha/fmha.h"
+
+namespace fmha {
+
+constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most
+
+struct DecodePlan {
+  int splits = 1;
+  size_t o_bytes = 0, lse_bytes = 0;  // workspace: partial outputs, then their LSEs
+
+  // Splits so that tiles x splits CTAs fill whole waves: the smallest count whose wave
+  // efficiency is within 85% of the best, each split keeping at least min_blocks blocks.
+  // The cache capacity stands in for the lengths, which live on the device.  tiles:
+  // B x Hk x query tiles; wave: CTAs resident at once.
+  static int choose_splits(const fmha_decode_params& p, int64_t tiles, int64_t wave, int min_blocks) {
+    if (p.num_splits > 0) return std::min(p.num_splits, kMaxDecodeSplits);
+    const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
+    const int max_splits = (int)std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (capacity + 15) / 16 / min_blocks));
+    std::vector<double> eff(max_splits + 1, 0.0);
+    double best = 0.0;
+    for (int s = 1; s <= max_splits; ++s) {
+      const int64_t ctas = tiles * s, waves = (ctas + wave - 1) / wave;
+      eff[s] = (double)ctas / (double)(waves * wave);
+      best = std::max(best, eff[s]);
+    }
+    for (int s = 1; s <= max_splits; ++s)
+      if (eff[s] >= 0.85 * best) return s;
+    return 1;
+  }
+
+  // fp32 queries and empty calls run unsplit (the row-wise kernel has no split-KV).
+  static DecodePlan make(const fmha_decode_params& p, int64_t tiles, int64_t wave, int min_blocks) {
+    DecodePlan pl;
+    if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0) return pl;
+    pl.splits = choose_splits(p, tiles, wave, min_blocks);
+    if (pl.splits > 1) {
+      const size_t rows = (size_t)p.batch * p.num_heads_q * p.seqlen_q * pl.splits;
+      pl.o_bytes = align256(rows * p.head_dim * 4);
+      pl.lse_bytes = align256(rows * 4);
+    }
+    return pl;
+  }
+
+  static size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+};
+
+}  // namespace fmha
