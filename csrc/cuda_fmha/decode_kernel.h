@@ -28,6 +28,7 @@
 
 #include <type_traits>
 
+#include "../common/decode_plan.h"
 #include "../common/kv_cache.h"
 #include "../common/mask.h"
 #include "../common/rotary.h"
@@ -41,8 +42,6 @@
 
 namespace fmha {
 namespace cuda {
-
-enum class CacheKind { kPlain, kFp8, kInt8 };
 
 template <class T_, CacheKind kCache_, int kHeadDim_>
 struct DecodeTraits {
@@ -70,14 +69,6 @@ struct DecodeTraits {
   static constexpr int kSmemBytes = kRingBytes > kCombineBytes ? kRingBytes : kCombineBytes;
   // q waits in the last warp's last stage, which is first loaded after the q fragments are built.
   static_assert(TileQ::kBytes <= kStageBytes, "q tile must fit one stage");
-};
-
-// Where a CTA's rows and cache blocks are; shared by the kernel and its host-side planner.
-struct DecodeWork {
-  static constexpr int kRows = 16, kBlock = 16;
-  __host__ __device__ static int m_tiles(const fmha_decode_params& p) {
-    return (p.seqlen_q * (p.num_heads_q / p.num_heads_k) + kRows - 1) / kRows;
-  }
 };
 
 template <class K>

@@ -35,6 +35,7 @@
 
 #include <type_traits>
 
+#include "../common/decode_plan.h"
 #include "../common/kv_cache.h"
 #include "../common/mask.h"
 #include "../common/rotary.h"
@@ -49,8 +50,6 @@
 
 namespace fmha {
 namespace hip {
-
-enum class CacheKind { kPlain, kFp8, kInt8 };
 
 template <class T_, CacheKind kCache_, int kHeadDim_>
 struct DecodeTraits {
@@ -78,14 +77,6 @@ struct DecodeTraits {
   // spills two VGPRs there and stays at 2; at 256 nothing below 256 VGPRs fits.
   static constexpr int kMinWaves =
       kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? (std::is_same_v<T, bf16> && !kQuant ? 2 : 3) : 1;
-};
-
-// Where a workgroup's rows and cache blocks are; shared by the kernel and its host-side planner.
-struct DecodeWork {
-  static constexpr int kRows = 16, kBlock = 16;
-  FMHA_HOST_DEVICE static int m_tiles(const fmha_decode_params& p) {
-    return (p.seqlen_q * (p.num_heads_q / p.num_heads_k) + kRows - 1) / kRows;
-  }
 };
 
 // A 16-row cache block in global memory: row 0 at `base` (a position below the cache's
