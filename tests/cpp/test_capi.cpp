@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_plan.h"
 #include "common/dropout.h"
 #include "common/philox.h"
 #include "common/quant.h"
@@ -400,7 +401,35 @@ void test_errors() {
 
 }  // namespace
 
+// The GPU backends' split-KV plan (csrc/common/decode_plan.h) on the benchmark's shape:
+// 32 query heads over 8 KV heads, one query row, D = 128, an H200's 132 SMs.
+void test_decode_plan() {
+  fmha_decode_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.dtype = FMHA_DTYPE_BFLOAT16;
+  p.batch = 1, p.seqlen_q = 1, p.num_heads_q = 32, p.num_heads_k = 8, p.head_dim = 128;
+  p.cache_seqlen = 8192;
+  const int64_t tiles = (int64_t)p.batch * p.num_heads_k * fmha::DecodeWork::m_tiles(p);
+  EXPECT(tiles == 8, "tiles %lld", (long long)tiles);
+  // 8 tiles on waves of 132 CTAs: 15 splits (120 CTAs, 91%) is the smallest count within
+  // 85% of the best (33 splits fill two waves exactly).
+  fmha::DecodePlan pl = fmha::DecodePlan::make(p, tiles, 132, 8);
+  EXPECT(pl.splits == 15, "splits %d", pl.splits);
+  EXPECT(pl.o_bytes == 32 * 15 * 128 * 4 && pl.lse_bytes == 2048, "workspace %zu + %zu", pl.o_bytes,
+         pl.lse_bytes);
+  // Each split keeps at least min_blocks 16-row blocks: a 100-row cache is not split.
+  p.cache_seqlen = 100;
+  EXPECT(fmha::DecodePlan::make(p, tiles, 132, 8).splits == 1, "short cache split");
+  // num_splits is taken as asked, up to kMaxDecodeSplits; fp32 never splits.
+  p.num_splits = 500;
+  EXPECT(fmha::DecodePlan::make(p, tiles, 132, 8).splits == fmha::kMaxDecodeSplits, "num_splits clamp");
+  p.dtype = FMHA_DTYPE_FLOAT32;
+  pl = fmha::DecodePlan::make(p, tiles, 132, 8);
+  EXPECT(pl.splits == 1 && pl.o_bytes == 0 && pl.lse_bytes == 0, "fp32 plan %d", pl.splits);
+}
+
 int main() {
+  test_decode_plan();
   test_philox_known_answers();
   test_dropout_mapping();
   test_half_bf16_round_trip();
