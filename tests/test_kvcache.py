@@ -292,13 +292,15 @@ def test_quantized_cache(device, qdtype, scaling, paged, num_splits, dtype):
     assert_lse_close(lse, ref_lse, 1e-4)
 
 
-@pytest.mark.parametrize("cache_kind", ["plain", "fp8"])
+@pytest.mark.parametrize("cache_kind", ["plain", "fp8", "int8_token_large"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_rising_scores(device, cache_kind, num_splits, dtype):
     """Scores that keep rising along the cache, by jumps both under and over 2^8 in
     probability: the GPU kernel raises its running max only on jumps past 2^8 (kLazyMax) and
-    otherwise keeps a stale max with probabilities up to 2^8; both must give the exact softmax."""
+    otherwise keeps a stale max with probabilities up to 2^8; both must give the exact softmax.
+    int8_token_large: values near fp16's limit, so per-token v_scale passes 255 and a
+    probability of 2^8 times it would overflow fp16."""
     B, hq, hk, d, n = 1, 4, 1, 64, 700
     q = randn(B, 1, hq, d, dtype=dtype)
     k = randn(B, n, hk, d, dtype=torch.float32)
@@ -314,6 +316,12 @@ def test_rising_scores(device, cache_kind, num_splits, dtype):
     if cache_kind == "fp8":
         k, ks = fmha.quantize_kv_cache(k)
         v, vs = fmha.quantize_kv_cache(v)
+        extra = dict(k_scale=ks, v_scale=vs)
+    elif cache_kind == "int8_token_large":
+        v = (v.float() * 16000.0).clamp(-65000.0, 65000.0).to(dtype)
+        k, ks = fmha.quantize_kv_cache(k, torch.int8, "token")
+        v, vs = fmha.quantize_kv_cache(v, torch.int8, "token")
+        assert vs.max() > 255.0, "some v_scale must pass 255"
         extra = dict(k_scale=ks, v_scale=vs)
     else:
         ks = vs = None

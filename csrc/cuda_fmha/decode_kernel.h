@@ -125,6 +125,9 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   const Elem* k_cache = static_cast<const Elem*>(p.k_cache.data);
   const Elem* v_cache = static_cast<const Elem*>(p.v_cache.data);
   const bool per_token = K::kQuant && p.scaling == FMHA_SCALE_PER_TOKEN;
+  // fp16 queries with per-token scales form P x v_scale in fp16: P must stay <= 1 (an exact
+  // running max), or an int8 v_scale above 255 (|V| > ~32k) would overflow it.
+  const float lazy_max = std::is_same_v<T, __half> && per_token ? 0.f : kLazyMax;
   constexpr int kChunks = TileKV::kChunks, kRowStep = 32 / kChunks;
   const int r_l = lane / kChunks, c_l = (lane % kChunks) * 8;
   // Columns past the head dim are zero-filled: such a lane copies 0 bytes from its row start.
@@ -350,7 +353,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     for (int ri = 0; ri < 2; ++ri) {
       float mx = fmaxf(fmaxf(s[0][0][2 * ri], s[0][0][2 * ri + 1]), fmaxf(s[0][1][2 * ri], s[0][1][2 * ri + 1]));
       mx = quad_max(mx) * post_scale;
-      const bool up = mx > row_max[ri] + kLazyMax;  // never for -inf; always for the first seen key
+      const bool up = mx > row_max[ri] + lazy_max;  // never for -inf; always for the first seen key
       rescale[ri] = up ? softmax_rescale(row_max[ri], mx) : 1.f;
       if (up) row_max[ri] = mx;
       moved |= up;
