@@ -68,6 +68,14 @@ struct Sequence {
   }
 };
 
+// The fp32 dQ accumulator of the atomic backward: rows in LSE's layout, head_dim floats
+// each, so that one query block of one head is a single contiguous span (the sm90 kernel
+// adds it with one bulk reduction).
+FMHA_HOST_DEVICE int64_t dq_accum_index(const fmha_problem& p, const Sequence& s, int64_t i, int32_t h,
+                                        int head_dim) {
+  return s.lse_index(p, i, h) * head_dim;
+}
+
 // The mask geometry of one sequence of a problem.
 FMHA_HOST_DEVICE MaskGeometry sequence_mask(const fmha_problem& p, const Sequence& s) {
   return MaskGeometry::make(s.len_q, s.len_k, p.window_left, p.window_right, p.mask_align == FMHA_ALIGN_TOP_LEFT);

@@ -4,9 +4,11 @@
 //
 // bwd_kernel: a CTA owns kBlockN keys of one KV head and walks over every query block that
 // sees them, for every query head sharing that KV head (GQA sums in registers, no atomics
-// for dK/dV).  With atomic_dq it also adds dQ into an fp32 workspace with atomics; without
-// it, bwd_dq_kernel computes dQ query-block by query-block, so the result is bitwise
-// deterministic (at the price of recomputing S and dP).
+// for dK/dV).  With atomic_dq it also adds dQ into an fp32 workspace: on sm90+ each query
+// block's dQ goes through shared memory and one bulk reduction (the TMA unit adds it while
+// the warps go on; fp32 atomics from registers held the warps up on their registers), on
+// sm80-89 with atomics.  Without atomic_dq, bwd_dq_kernel computes dQ query-block by
+// query-block, so the result is bitwise deterministic (at the price of recomputing S, dP).
 #pragma once
 
 #include <math.h>
@@ -46,6 +48,15 @@ struct BwdTraits {
   using TileP = SmemTile<kBlockM, kBlockN>;
   static constexpr int kSmemBytes =
       2 * TileKV::kBytes + 2 * kStages * TileQ::kBytes + 2 * TileP::kBytes + 2 * kStages * kBlockM * 4;
+  // sm90+: the query block's dQ in fp32, added to the accumulator by one bulk reduction.
+  static constexpr int kDqSmemBytes = kBlockM * kHeadDim * 4;
+};
+
+// How bwd_kernel delivers dQ.
+enum class DqMode : int {
+  kNone = 0,     // not at all (bwd_dq_kernel computes it, deterministically)
+  kAtomic = 1,   // fp32 atomics from registers
+  kBulk = 2,     // sm90+: through shared memory, one bulk reduction per query block
 };
 
 // Deterministic dQ: kBlockM query rows (16 per warp) against all their keys.
@@ -64,13 +75,6 @@ struct BwdDqTraits {
 // LSE of a row in log2 units for P = exp2(S - LSE): +inf for a row that saw no key (its
 // scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
-// Index into the fp32 dQ accumulator: (row of q) x Hq x kHeadDim.
-__device__ __forceinline__ int64_t dq_accum_index(const fmha_problem& pr, const Sequence& seq, int i, int h,
-                                                  int head_dim_padded) {
-  const int64_t row = seq.varlen ? seq.q_row0 + i : (int64_t)seq.batch * pr.seqlen_q + i;
-  return (row * pr.num_heads_q + h) * head_dim_padded;
-}
 
 // From P (scores already exp2'd) and dP to dropout(P) and dS, in place:
 // p <- dropout(P) (for dV), dp <- dS = P (dropout(dP) - D) * softcap'.
@@ -106,7 +110,7 @@ __device__ __forceinline__ void make_ds(float (&p)[MT][NT][4], float (&dp)[MT][N
 
 template <class K>
 __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant__ fmha_bwd_params p, float* dq_accum,
-                                                          const float* delta_ws, bool atomic_dq) {
+                                                          const float* delta_ws, DqMode dq_mode) {
   using T = typename K::T;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
   using TileQ = typename K::TileQ;
@@ -132,7 +136,12 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
   T* sdS = sP + TileP::kElems;
   float* sLse = reinterpret_cast<float*>(sdS + TileP::kElems);  // [kStages][kBlockM]
   float* sDelta = sLse + kStages * kBlockM;                     // [kStages][kBlockM]
-
+  float* sdQ = sDelta + kStages * kBlockM;                      // [kBlockM][D], kBulk only
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool bulk_dq = dq_mode == DqMode::kBulk;
+#else
+  const bool bulk_dq = false;
+#endif
   const T* q = static_cast<const T*>(p.q.data);
   const T* k = static_cast<const T*>(p.k.data);
   const T* v = static_cast<const T*>(p.v.data);
@@ -151,9 +160,31 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
   }
   const int n_iters = group * n_m;
 
-  // Loads query block `it` (head hk * group + it / n_m, block m_begin + it % n_m) into its stage.
-  auto issue = [&](int it) {
-    const int h = hk * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+  // Iteration it covers head hk * group + it / n_m, query block m_begin + it % n_m; the
+  // pair advances by one step instead of being divided out of `it` each time.
+  struct Step {
+    int h, m0;
+  };
+  auto next = [&](Step s) {
+    s.m0 += kBlockM;
+    if (s.m0 == (m_begin + n_m) * kBlockM) s.m0 = m_begin * kBlockM, ++s.h;
+    return s;
+  };
+  // The bulk reduction of the query block before: one thread issues it once every warp's
+  // part is in sdQ, and waits for its reads before sdQ is written again.
+  auto flush_dq = [&](Step s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tid == 0) {
+      const int rows = min(kBlockM, seq.len_q - s.m0);
+      bulk_reduce_add_f32(dq_accum + dq_accum_index(pr, seq, s.m0, s.h, D), sdQ, (uint32_t)(rows * D * 4));
+      bulk_commit();
+    }
+#endif
+  };
+
+  // Loads the query block of iteration `it` (at step s) into its stage.
+  auto issue = [&](int it, Step s) {
+    const int h = s.h, m0 = s.m0;
     const int st = it % kStages;
     copy_q.load_async(sQ + st * TileQ::kElems, q + seq.q_offset(p.q, m0, h), p.q.row_stride, seq.len_q - m0, d, q);
     copy_q.load_async(sdO + st * TileQ::kElems, dout + seq.q_offset(p.dout, m0, h), p.dout.row_stride,
@@ -165,7 +196,8 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
       cp_async_4(sDelta + st * kBlockM + tid, delta_ws + idx, ok ? 4 : 0);
     }
   };
-  if (n_iters > 0) issue(0);
+  Step cur{hk * group, m_begin * kBlockM}, prev = cur;
+  if (n_iters > 0) issue(0, cur);
   cp_async_commit();
 
   // Warp placements.
@@ -187,15 +219,16 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
   clear(acc_dk);
   clear(acc_dv);
   const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
-  const int dpad = D;
 
   for (int it = 0; it < n_iters; ++it) {
     cp_async_wait<0>();
     __syncthreads();  // this stage landed; every warp is done with the previous iteration
-    if (kStages == 2 && it + 1 < n_iters) issue(it + 1);
+    const Step nxt = next(cur);
+    if (kStages == 2 && it + 1 < n_iters) issue(it + 1, nxt);
     cp_async_commit();
+    if (bulk_dq && it > 0) flush_dq(prev);
     const int st = it % kStages;
-    const int h = hk * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+    const int h = cur.h, m0 = cur.m0;
     const T* sQs = sQ + st * TileQ::kElems;
     const T* sdOs = sdO + st * TileQ::kElems;
     const ScoreMod score = ScoreMod::make(pr, geom, b, h);
@@ -231,6 +264,13 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
                          n0 + s_col0, lane);
     store_acc<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
     store_acc<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // sdQ is free again after this barrier.  (The wait shares its scoreboard with cp.async,
+    // so thread 0 also waits for the next stage's loads.  Measured slower: a second sdQ
+    // buffer to wait an iteration later, which leaves too little L1 for the register
+    // spills; issuing the next stage's loads after this barrier instead of at the top.)
+    if (bulk_dq && tid == 0) bulk_wait_all<true>();
+#endif
     __syncthreads();
 
     // dV += dropout(P)^T dO, dK += dS^T Q (scaled at the end).
@@ -240,37 +280,61 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
                                                                     ldsm_bt<TileQ>(sQs, lane), kv_col0);
 
     // dQ += dS K into the fp32 workspace (scaled by the postprocess kernel).
-    if (atomic_dq) {
+    if (dq_mode != DqMode::kNone) {
       float acc_dq[K::kMT_Q][K::kNT_Q][4];
       clear(acc_dq);
       gemm<kBlockN, false, true, TileP, TileKV, K::kMT_Q, K::kNT_Q, T>(acc_dq, a_ds, q_row0, kQRowStride, bt_k,
                                                                       q_col0);
+      if (bulk_dq) {
+        // Row-major fp32 [kBlockM][D], as in the accumulator.
 #pragma unroll
-      for (int m = 0; m < K::kMT_Q; ++m)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = m0 + q_row0 + m * kQRowStride + g + 8 * r;
-          if (i >= seq.len_q) continue;
-          float* row = dq_accum + dq_accum_index(pr, seq, i, h, dpad);
+        for (int m = 0; m < K::kMT_Q; ++m)
 #pragma unroll
           for (int n = 0; n < K::kNT_Q; ++n) {
-            const int c = q_col0 + n * 8 + 2 * (lane % 4);
-            if (c < d) {
-              atomicAdd(row + c, acc_dq[m][n][2 * r]);
-              atomicAdd(row + c + 1, acc_dq[m][n][2 * r + 1]);
+            float* dst = sdQ + (q_row0 + m * kQRowStride + g) * D + q_col0 + n * 8 + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(dst) = make_float2(acc_dq[m][n][0], acc_dq[m][n][1]);
+            *reinterpret_cast<float2*>(dst + 8 * D) = make_float2(acc_dq[m][n][2], acc_dq[m][n][3]);
+          }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        fence_proxy_async_shared();  // visible to the bulk reduction after the next barrier
+#endif
+      } else {
+#pragma unroll
+        for (int m = 0; m < K::kMT_Q; ++m)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = m0 + q_row0 + m * kQRowStride + g + 8 * r;
+            if (i >= seq.len_q) continue;
+            float* row = dq_accum + dq_accum_index(pr, seq, i, h, D);
+#pragma unroll
+            for (int n = 0; n < K::kNT_Q; ++n) {
+              const int c = q_col0 + n * 8 + 2 * (lane % 4);
+              if (c < d) {
+                atomicAdd(row + c, acc_dq[m][n][2 * r]);
+                atomicAdd(row + c + 1, acc_dq[m][n][2 * r + 1]);
+              }
             }
           }
-        }
+      }
     }
     if (kStages == 1 && it + 1 < n_iters) {
       __syncthreads();  // every warp is done with this stage
-      issue(it + 1);
+      issue(it + 1, nxt);
       cp_async_commit();
     }
+    prev = cur;
+    cur = nxt;
   }
 
   // Epilogue: dK = scale * acc_dk, dV; out through shared memory (sK, sV are free now).
   cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bulk_dq && n_iters > 0) {
+    __syncthreads();
+    flush_dq(prev);
+    if (tid == 0) bulk_wait_all<false>();
+  }
+#endif
 #pragma unroll
   for (int m = 0; m < K::kMT_KV; ++m)
 #pragma unroll
@@ -393,8 +457,15 @@ void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool
   if (n_blocks == 0 || pr.batch == 0) return;
   const dim3 grid(n_blocks, pr.num_heads_k, pr.batch);
   auto kernel = bwd_kernel<Traits>;
-  set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, dq_accum, delta, atomic_dq);
+  // sm90+ kernels always get the dQ block's room; they use it when the accumulator allows a
+  // bulk reduction (16-byte aligned).
+  const bool sm90 = device_cc_major() >= 9;
+  const int smem = Traits::kSmemBytes + (sm90 ? Traits::kDqSmemBytes : 0);
+  const DqMode mode = !atomic_dq                                            ? DqMode::kNone
+                      : sm90 && reinterpret_cast<uintptr_t>(dq_accum) % 16 == 0 ? DqMode::kBulk
+                                                                            : DqMode::kAtomic;
+  set_max_smem(reinterpret_cast<const void*>(kernel), smem);
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, dq_accum, delta, mode);
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
 }
 

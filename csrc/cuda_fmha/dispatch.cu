@@ -4,6 +4,7 @@
 // instances/instances.h and compiled one per translation unit.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -19,6 +20,18 @@ namespace cuda {
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, cudaGetErrorString(err)));
+}
+
+int device_cc_major() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < kMaxDevices && major[device] > 0) return major[device];
+  int m = 0;
+  check_cuda(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  if (device < kMaxDevices) major[device] = m;
+  return m;
 }
 
 void set_max_smem(const void* kernel, int bytes) {

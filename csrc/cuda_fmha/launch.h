@@ -13,6 +13,9 @@ namespace cuda {
 // Throws fmha::Error(FMHA_ERROR_DEVICE) with the CUDA message if err is not cudaSuccess.
 void check_cuda(cudaError_t err, const char* what);
 
+// Compute capability major version of the current device (cached per device).
+int device_cc_major();
+
 // Allows a kernel more than 48 KB of dynamic shared memory (once per kernel and device).
 void set_max_smem(const void* kernel, int bytes);
 

@@ -58,12 +58,6 @@ struct BwdTraits {
 // scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
 FMHA_DEVICE float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
-// Index into the fp32 dQ accumulator: (row of q) x Hq x head dim.
-FMHA_DEVICE int64_t dq_accum_index(const fmha_problem& pr, const Sequence& seq, int i, int h, int head_dim) {
-  const int64_t row = seq.varlen ? seq.q_row0 + i : (int64_t)seq.batch * pr.seqlen_q + i;
-  return (row * pr.num_heads_q + h) * head_dim;
-}
-
 // From P (scores already exp2'd) and dP to dropout(P) and dS, in place, for element e of
 // block b: p <- P z (for dV), dp <- dS = P (dP z - D) softcap', where z = 0 or 1 / (1 - p)
 // is the dropout factor.  delta(b, e) gives D of the element's row, kept(b, e) its keep byte.

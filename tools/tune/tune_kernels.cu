@@ -21,6 +21,12 @@ void check_cuda(cudaError_t err, const char* what) {
     std::exit(1);
   }
 }
+int device_cc_major() {
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major;
+}
 void set_max_smem(const void* kernel, int bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
 }
@@ -135,14 +141,25 @@ int main() {
   check_cuda(cudaMalloc(&buf.delta, max_elems / 64 * 4), "cudaMalloc");
   check_cuda(cudaMalloc(&buf.dq_accum, max_elems * 4), "cudaMalloc");
   cudaMemset(buf.delta, 0, max_elems / 64 * 4);
+  // TUNE_D (64, 128 or 256) builds one head dim's candidates only, so that three builds
+  // can run side by side.
   for (const Shape& s : shapes) {
+#if !defined(TUNE_D) || TUNE_D == 128
     FWD(128, 128, 64, 4);
-    FWD(64, 128, 128, 4);
-    FWD(256, 64, 64, 4);
     // The forward leaves this shape's LSE in buf.lse for the backward.
     BWD(128, 64, 128, 2);
+    BWD(128, 64, 128, 1);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 64
+    FWD(64, 128, 128, 4);
     BWD(64, 128, 128, 2);
+    BWD(64, 64, 128, 2);
+    BWD(64, 128, 64, 2);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 256
+    FWD(256, 64, 64, 4);
     BWD(256, 32, 64, 2);
+#endif
   }
   return 0;
 }
