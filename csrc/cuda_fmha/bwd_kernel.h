@@ -332,7 +332,8 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
   if (bulk_dq && n_iters > 0) {
     __syncthreads();
     flush_dq(prev);
-    if (tid == 0) bulk_wait_all<false>();
+    // Shared memory must outlive the reads; the adds themselves complete with the grid.
+    if (tid == 0) bulk_wait_all<true>();
   }
 #endif
 #pragma unroll

@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
     ap.add_argument("--suites", default="training,decode,memory", help="comma-separated: training, decode, memory")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
+    ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
+    ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
     ap.add_argument("--out", default="bench-results", help="folder for the JSON, Markdown and PNG results")
     args = ap.parse_args(argv)
 
@@ -134,6 +136,10 @@ def main(argv=None) -> int:
 
     results = []
     cases = training_cases(device, args.quick, dtype) if "training" in suites else []
+    if args.seqlens:
+        cases = [c for c in cases if c.seqlen in {int(x) for x in args.seqlens.split(",")}]
+    if args.head_dims:
+        cases = [c for c in cases if c.head_dim in {int(x) for x in args.head_dims.split(",")}]
     for case in _progress(cases, "training shapes"):
         err = check_fmha(case, device)
         tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
