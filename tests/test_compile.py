@@ -105,3 +105,30 @@ def test_opcheck_bwd(device):
     bwd_args = (dout, q, k, v, out, lse, None, None, None, None, 6, 7, 8 ** -0.5, 0.0, -1, 0,
                 False, None, 0.0, rng_state, True)
     torch.library.opcheck(torch.ops.fmha.bwd.default, bwd_args)
+
+
+@pytest.mark.parametrize("variant", ["fixed", "varlen-dropout"])
+def test_eager_path_matches_registered_op(device, variant):
+    """Eager calls skip the dispatcher (ops.attention); they must give bit for bit what the
+    registered op and its autograd give, gradients through out and lse included."""
+    from fmha import ops
+
+    args = _fwd_args(device, dropout_p=0.3 if "dropout" in variant else 0.0,
+                     varlen=variant.startswith("varlen"))
+    assert all(type(a) is torch.Tensor for a in args[:3])
+
+    def run(fn):
+        leaves = [leaf(a) for a in args[:3]]
+        out, lse, _rng, probs = fn(*leaves, *args[3:])
+        paths.append(type(out.grad_fn).__name__)
+        g = torch.Generator().manual_seed(3)
+        (out.float() * torch.randn(out.shape, generator=g).to(out.device)).sum().backward(retain_graph=True)
+        (lse * torch.randn(lse.shape, generator=g).to(lse.device)).sum().backward()
+        return [out.detach(), lse.detach(), probs] + [t.grad for t in leaves]
+
+    paths = []
+    got = run(ops.attention)
+    want = run(torch.ops.fmha.fwd)
+    for name, a, b in zip(("out", "lse", "probs", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), f"{variant}: {name} differs between the eager path and the op"
+    assert "EagerAttention" in paths[0] and "EagerAttention" not in paths[1], paths

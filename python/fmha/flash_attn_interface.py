@@ -1,7 +1,8 @@
 """flash-attn 2.x's Python API, name for name: switching is one import line.
 
-Every function here is a thin wrapper over ``torch.ops.fmha.fwd`` (ops.py), which carries
-the autograd, so the packed variants' gradients flow back into the packed tensor.
+Every function here is a thin wrapper over ``torch.ops.fmha.fwd`` (ops.py; eager calls take
+the same implementation without the dispatcher), which carries the autograd, so the packed
+variants' gradients flow back into the packed tensor.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from . import ops as _ops  # noqa: F401  (registers torch.ops.fmha.*)
+from . import ops as _ops
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -21,7 +22,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     left, right = _checks.window(window_size, causal)
     if softmax_scale is None:  # D == 0 is rejected by the op, with a message
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
-    out, lse, _rng, probs = torch.ops.fmha.fwd(
+    out, lse, _rng, probs = _ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, softcap, left, right, top_left, alibi_slopes, dropout_p, deterministic,
         bool(return_attn_probs) and dropout_p > 0, None)

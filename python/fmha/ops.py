@@ -84,8 +84,7 @@ def _vector_layout(x: Tensor, head_dim: int) -> Tensor:
     return x
 
 
-@torch.library.custom_op("fmha::fwd", mutates_args=())
-def fwd(
+def _fwd_impl(
     q: Tensor, k: Tensor, v: Tensor,
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
@@ -140,6 +139,9 @@ def fwd(
     return out, lse, rng_state, probs
 
 
+fwd = torch.library.custom_op("fmha::fwd", mutates_args=())(_fwd_impl)
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
               softcap, window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic,
@@ -153,8 +155,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_
     return out, lse, torch.empty(2, dtype=torch.int64, device="cpu"), probs
 
 
-@torch.library.custom_op("fmha::bwd", mutates_args=())
-def bwd(
+def _bwd_impl(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
@@ -204,6 +205,9 @@ def bwd(
     return dq, dk, dv
 
 
+bwd = torch.library.custom_op("fmha::bwd", mutates_args=())(_bwd_impl)
+
+
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
               max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes,
@@ -223,17 +227,47 @@ def _setup_context(ctx, inputs, output):
                    dropout_p, deterministic)
 
 
-def _backward(ctx, dout, dlse, _drng, _dprobs):
+def _replay_backward(bwd_fn, ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, scale, softcap, window_left, window_right, top_left, dropout_p,
      deterministic) = ctx.options
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fmha.bwd(
+    dq, dk, dv = bwd_fn(
         dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
         max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes, dropout_p,
         rng_state, deterministic)
     return (dq, dk, dv) + (None,) * 15
 
 
+def _backward(ctx, dout, dlse, _drng, _dprobs):
+    return _replay_backward(torch.ops.fmha.bwd, ctx, dout, dlse)
+
+
 torch.library.register_autograd("fmha::fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """fmha::fwd and its backward for eager calls, without the dispatcher: the same
+    implementations, context and backward as the registered op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _fwd_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse, _drng, _dprobs):
+        return _replay_backward(_bwd_impl, ctx, dout, dlse)
+
+
+def attention(*inputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """torch.ops.fmha.fwd's arguments and results.  Eager calls on plain tensors skip the
+    dispatcher, whose cost per call (forward and backward) was about as much host time as
+    a training step's kernels at S = 512; anything traced (torch.compile, export, fake or
+    subclass tensors) goes through the registered op."""
+    tensors = [x for x in inputs if isinstance(x, Tensor)]
+    eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+             and all(type(x) is Tensor for x in tensors) and inputs[0].device.type in ("cpu", "cuda"))
+    return _EagerAttention.apply(*inputs) if eager else torch.ops.fmha.fwd(*inputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from . import ops as _ops  # noqa: F401  (registers torch.ops.fmha.*)
+from . import ops as _ops
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -42,7 +42,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (_checks.contiguous_last(x.transpose(1, 2)) for x in (q, k, v))
     if scale is None:
         scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
-    out, _lse, _rng, _probs = torch.ops.fmha.fwd(
+    out, _lse, _rng, _probs = _ops.attention(
         q, k, v, None, None, None, q.shape[1], k.shape[1], scale, 0.0, -1, 0 if is_causal else -1,
         True, None, dropout_p, False, False, None)
     out = out.transpose(1, 2)
