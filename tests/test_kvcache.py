@@ -318,10 +318,12 @@ def test_rising_scores(device, cache_kind, num_splits, dtype):
         v, vs = fmha.quantize_kv_cache(v)
         extra = dict(k_scale=ks, v_scale=vs)
     elif cache_kind == "int8_token_large":
-        v = (v.float() * 16000.0).clamp(-65000.0, 65000.0).to(dtype)
+        # Most values clamp at +-65000: v_scale near 512, so any probability above 2^7
+        # (every stale stretch of the ramp reaches one) would overflow fp16 times it.
+        v = (v.float() * 40000.0).clamp(-65000.0, 65000.0).to(dtype)
         k, ks = fmha.quantize_kv_cache(k, torch.int8, "token")
         v, vs = fmha.quantize_kv_cache(v, torch.int8, "token")
-        assert vs.max() > 255.0, "some v_scale must pass 255"
+        assert vs.min() > 255.0, "every v_scale must pass 255"
         extra = dict(k_scale=ks, v_scale=vs)
     else:
         ks = vs = None

@@ -253,11 +253,8 @@ FMHA_DEVICE void row_dq_convert(const fmha_bwd_params& p, const float* dq_accum,
   const int64_t off = varlen ? row * p.dq.row_stride + (int64_t)h * p.dq.head_stride
                              : (row / pr.seqlen_q) * p.dq.batch_stride + (row % pr.seqlen_q) * p.dq.row_stride +
                                    (int64_t)h * p.dq.head_stride;
-  // dq_accum_index (sequence.h) for packed row `row`: LSE's layout.
-  const int64_t lse_row = varlen ? (int64_t)h * pr.total_q + row
-                                 : ((row / pr.seqlen_q) * pr.num_heads_q + h) * pr.seqlen_q + row % pr.seqlen_q;
   LaneRow<G> acc;
-  acc.template load<float>(dq_accum, lse_row * head_dim_padded, pr.head_dim, lane);
+  acc.template load<float>(dq_accum, dq_accum_index_of_row(pr, row, h, head_dim_padded), pr.head_dim, lane);
   acc.template store<T>(p.dq.data, off, pr.head_dim, lane, pr.scale);
 }
 

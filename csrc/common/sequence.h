@@ -75,6 +75,13 @@ FMHA_HOST_DEVICE int64_t dq_accum_index(const fmha_problem& p, const Sequence& s
                                         int head_dim) {
   return s.lse_index(p, i, h) * head_dim;
 }
+// The same for packed row `row` of q (varlen: the row of the packed tensor; fixed length:
+// b * Sq + i), for kernels that walk rows without their sequence.
+FMHA_HOST_DEVICE int64_t dq_accum_index_of_row(const fmha_problem& p, int64_t row, int32_t h, int head_dim) {
+  const int64_t lse_index = p.cu_seqlens_q ? (int64_t)h * p.total_q + row
+                                           : ((row / p.seqlen_q) * p.num_heads_q + h) * p.seqlen_q + row % p.seqlen_q;
+  return lse_index * head_dim;
+}
 
 // The mask geometry of one sequence of a problem.
 FMHA_HOST_DEVICE MaskGeometry sequence_mask(const fmha_problem& p, const Sequence& s) {

@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
     // so thread 0 also waits for the next stage's loads.  Measured slower: a second sdQ
     // buffer to wait an iteration later, which leaves too little L1 for the register
     // spills; issuing the next stage's loads after this barrier instead of at the top.)
-    if (bulk_dq && tid == 0) bulk_wait_all<true>();
+    if (bulk_dq && tid == 0) bulk_wait_read();
 #endif
     __syncthreads();
 
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
     __syncthreads();
     flush_dq(prev);
     // Shared memory must outlive the reads; the adds themselves complete with the grid.
-    if (tid == 0) bulk_wait_all<true>();
+    if (tid == 0) bulk_wait_read();
   }
 #endif
 #pragma unroll

@@ -16,6 +16,7 @@
 #include "common/dropout.h"
 #include "common/philox.h"
 #include "common/quant.h"
+#include "common/sequence.h"
 #include "cpu/convert.h"
 
 namespace {
@@ -428,8 +429,44 @@ void test_decode_plan() {
   EXPECT(pl.splits == 1 && pl.o_bytes == 0 && pl.lse_bytes == 0, "fp32 plan %d", pl.splits);
 }
 
+// The backward's fp32 dQ accumulator (csrc/common/sequence.h): the kernels index it by
+// (sequence, row, head), the final conversion by packed row; both must be LSE's layout,
+// with each (sequence, head) a contiguous run of rows (the sm90 bulk reduction adds one
+// query block of them at once), and every element indexed exactly once.
+void test_dq_accum_layout() {
+  const int H = 3, D = 8;
+  const int32_t cu[] = {0, 5, 5, 12};  // sequences of 5, 0 and 7 rows
+  for (bool varlen : {false, true}) {
+    fmha_problem p;
+    std::memset(&p, 0, sizeof(p));
+    p.batch = 3, p.num_heads_q = H, p.num_heads_k = 1, p.head_dim = D;
+    p.seqlen_q = 7;
+    if (varlen) p.cu_seqlens_q = cu, p.cu_seqlens_k = cu, p.total_q = p.total_k = 12;
+    const int64_t rows = varlen ? 12 : (int64_t)p.batch * p.seqlen_q;
+    std::vector<int> seen(rows * H * D, 0);
+    for (int b = 0; b < p.batch; ++b) {
+      const fmha::Sequence seq = fmha::Sequence::get(p, b);
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < seq.len_q; ++i) {
+          const int64_t idx = fmha::dq_accum_index(p, seq, i, h, D);
+          const int64_t row = varlen ? seq.q_row0 + i : (int64_t)b * p.seqlen_q + i;
+          EXPECT(idx == fmha::dq_accum_index_of_row(p, row, h, D), "dq_accum %s b=%d h=%d i=%d: %lld vs %lld",
+                 varlen ? "varlen" : "fixed", b, h, i, (long long)idx,
+                 (long long)fmha::dq_accum_index_of_row(p, row, h, D));
+          EXPECT(idx == fmha::dq_accum_index(p, seq, 0, h, D) + (int64_t)i * D, "dq_accum rows not contiguous");
+          EXPECT(idx >= 0 && idx + D <= (int64_t)seen.size(), "dq_accum index %lld out of range", (long long)idx);
+          if (idx >= 0 && idx + D <= (int64_t)seen.size())
+            for (int c = 0; c < D; ++c) ++seen[idx + c];
+        }
+    }
+    EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }), "dq_accum %s: not a bijection",
+           varlen ? "varlen" : "fixed");
+  }
+}
+
 int main() {
   test_decode_plan();
+  test_dq_accum_layout();
   test_philox_known_answers();
   test_dropout_mapping();
   test_half_bf16_round_trip();

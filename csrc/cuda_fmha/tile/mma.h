@@ -22,7 +22,7 @@ namespace cuda {
 // and compile-time constants, instead of one live register per (row, column) visited.
 // The lane's row offset lives in those four offsets and `base` is the tile's address, the
 // same in every lane, so tiles of one width read with one pattern share the offsets
-// (fewer live registers: the backward's spills fell from 164 to 136 bytes).
+// (fewer live registers: the backward's spills fell from 164 to 140 bytes).
 template <class Tile>
 struct LdsmAddr {
   uint32_t base;

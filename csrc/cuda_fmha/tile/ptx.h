@@ -39,15 +39,8 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Waits until the committed bulk operations have read their shared source (kRead) or
-// completed entirely.
-template <bool kRead>
-__device__ __forceinline__ void bulk_wait_all() {
-  if (kRead)
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  else
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
+// Waits until the committed bulk operations have read their shared source.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
