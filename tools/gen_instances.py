@@ -37,13 +37,13 @@ def instances(types, stream):
             tag = "_dropout" if drop else ""
             yield (f"fwd_{dt}_hdim{d}{tag}",
                    f"template void run_fwd<FwdConfig<{T}, {d}, {b(drop)}>>(const fmha_fwd_params&, {stream});")
-            for cap in (False, True):
-                tag2 = tag + ("_softcap" if cap else "")
+            for mod in (False, True):  # softcap or ALiBi
+                tag2 = tag + ("_scoremod" if mod else "")
                 yield (f"bwd_{dt}_hdim{d}{tag2}",
-                       f"template void run_bwd<BwdConfig<{T}, {d}, {b(drop)}, {b(cap)}>>("
+                       f"template void run_bwd<BwdConfig<{T}, {d}, {b(drop)}, {b(mod)}>>("
                        f"const fmha_bwd_params&, float*, const float*, bool, {stream});")
                 yield (f"bwd_dq_{dt}_hdim{d}{tag2}",
-                       f"template void run_bwd_dq<BwdDqConfig<{T}, {d}, {b(drop)}, {b(cap)}>>("
+                       f"template void run_bwd_dq<BwdDqConfig<{T}, {d}, {b(drop)}, {b(mod)}>>("
                        f"const fmha_bwd_params&, const float*, {stream});")
 
 

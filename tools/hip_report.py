@@ -121,12 +121,17 @@ def parse_asm(text):
             bm = BRANCH.match(line)
             if bm and bm.group(1) in labels and labels[bm.group(1)] < i:
                 loops.append((labels[bm.group(1)], i))
-        main = max(loops, key=lambda se: se[1] - se[0]) if loops else None
+        # The main loop: the loop with the most MFMA (then the longest).  Not simply the
+        # longest: an unrolled epilogue loop (the backward's dK/dV stores) can outgrow it.
+        def loop_mfma(se):
+            return sum(1 for ln in lines[se[0]:se[1] + 1] if "v_mfma" in ln)
+
+        main = max(loops, key=lambda se: (loop_mfma(se), se[1] - se[0])) if loops else None
         mfma = sum(1 for ln in lines if "v_mfma" in ln)
         result[name] = {
             "vgpr": f.get("NumVgprs", 0), "agpr": f.get("NumAgprs", 0), "scratch": f.get("ScratchSize", 0),
             "occupancy": f.get("Occupancy", 0), "lds": f.get("LDSByteSize", 0), "mfma": mfma,
-            "mfma_loop": sum(1 for ln in lines[main[0]:main[1] + 1] if "v_mfma" in ln) if main else None,
+            "mfma_loop": loop_mfma(main) if main else None,
             "calls": sum(1 for ln in lines if "s_swappc" in ln or "s_setpc" in ln),
         }
     return result

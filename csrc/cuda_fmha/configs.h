@@ -29,21 +29,21 @@ template <> struct BwdTile<64> { static constexpr int kM = 128, kN = 128, kStage
 template <> struct BwdTile<96> { static constexpr int kM = 64, kN = 128, kStages = 2; };
 template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStages = 2; };
 template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
-template <> struct BwdTile<256> { static constexpr int kM = 32, kN = 64, kStages = 2; };
+template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 
 template <class T, int D, bool kDropout>
 using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
 
-template <class T, int D, bool kDropout, bool kSoftcap>
-using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kSoftcap>;
+template <class T, int D, bool kDropout, bool kScoreMod>
+using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;
 
 // Decode: head dims 64, 128, 256 (others run with zero-filled columns); the tile and ring
 // depth follow from the head dim and cache kind (decode_kernel.h).
 template <class T, CacheKind kCache, int D>
 using DecodeConfig = DecodeTraits<T, kCache, D>;
 
-template <class T, int D, bool kDropout, bool kSoftcap>
-using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kSoftcap>;
+template <class T, int D, bool kDropout, bool kScoreMod>
+using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kScoreMod>;
 
 }  // namespace cuda
 }  // namespace fmha

@@ -41,7 +41,11 @@ struct ScoreMod {
     return s;
   }
 
+  // kMods = false: the caller was compiled for problems without softcap and ALiBi (the
+  // backward's plain instances), so neither pass is emitted and no slope is loaded.
+  template <bool kMods = true>
   __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
+    if (!kMods) return make(p.scale, 0.f, false, 0.f, geom);
     const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
     return make(p.scale, p.softcap, slope != 0.f, slope, geom);
   }
@@ -55,7 +59,8 @@ struct ScoreMod {
   // acc[m][n][e] (raw q.k of row i, key j) -> score * log2(e) / post_scale, or -inf where
   // masked.  The
   // warp's 16-row blocks start at rows row0 + m * row_stride; columns at n0.  With
-  // kKeepTanh, th receives tanh(s / softcap) for the softcap gradient.  Each option is a
+  // kKeepTanh, th receives tanh(s / softcap) for the softcap gradient (0 without softcap,
+  // so its factor 1 - th^2 is 1).  Each option is a
   // separate pass so that the uniform branch sits outside the unrolled loops.
   template <bool kKeepTanh, int MT, int NT>
   __device__ __forceinline__ void apply(float (&acc)[MT][NT][4], float (&th)[MT][NT][4], int row0, int row_stride,
@@ -72,13 +77,16 @@ struct ScoreMod {
             if (kKeepTanh) th[m][n][e] = tanh_x;
             acc[m][n][e] = tanh_x * softcap_out;
           }
-    } else if (!fold_scale) {
+    } else {
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[m][n][e] *= scale_log2;
+          for (int e = 0; e < 4; ++e) {
+            if (kKeepTanh) th[m][n][e] = 0.f;
+            if (!fold_scale) acc[m][n][e] *= scale_log2;
+          }
     }
     if (slope_log2 != 0.f) {
 #pragma unroll

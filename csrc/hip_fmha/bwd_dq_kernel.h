@@ -25,13 +25,13 @@ namespace fmha {
 namespace hip {
 
 // N: the MFMA shape and the queries per wave, as in FwdTraits.
-template <class T_, int kHeadDim_, int N_, int kBlockN_, bool kDropout_, bool kSoftcap_>
+template <class T_, int kHeadDim_, int N_, int kBlockN_, bool kDropout_, bool kScoreMod_>
 struct BwdDqTraits {
   using T = T_;
   static constexpr int N = N_;
   static constexpr int kWaves = 4, kThreads = kWaves * kWaveSize;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kWaves * N, kBlockN = kBlockN_;
-  static constexpr bool kDropout = kDropout_, kSoftcap = kSoftcap_;
+  static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_;
   static_assert(kHeadDim % N == 0 && kBlockN % N == 0, "tile shape");
   using TileKV = LdsTile<kBlockN, kHeadDim>;
   using Keep = KeepMask<kBlockM, kBlockN, /*kKeysContiguous=*/true>;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const fmha_bwd_para
   const int q0 = wave_id() * N;  // this wave's queries: m0 + q0 + lane % N
 
   const MaskGeometry geom = sequence_mask(pr, seq);
-  const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+  const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, geom, b, h);
   const int n_begin = geom.key_begin(m0) / kBlockN;
   const int n_end = ceil_div(geom.key_end(m1), kBlockN);
 
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const fmha_bwd_para
     clear<N>(acc_s);
     gemm<T, N, D / kK>(
         acc_s, [&](int m, int s) { return frag_rows<N>(sK, m * N, kK * s, lane); }, [&](int s) { return rQ[s]; });
-    score.apply<K::kSoftcap>(acc_s, th, ScoreCoords<true, N>{n0, m0 + q0, lane},
+    score.apply<K::kScoreMod>(acc_s, th, ScoreCoords<true, N>{n0, m0 + q0, lane},
                              score.needs_mask(m0, m1, n0, kBlockN));
 #pragma unroll
     for (int m = 0; m < kBlockN / N; ++m)
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const fmha_bwd_para
     clear<N>(acc_dp);
     gemm<T, N, D / kK>(
         acc_dp, [&](int m, int s) { return frag_rows<N>(sV, m * N, kK * s, lane); }, [&](int s) { return rdO[s]; });
-    make_ds<K::kDropout, K::kSoftcap, N>(
+    make_ds<K::kDropout, K::kScoreMod, N>(
         acc_s, acc_dp, th, drop, [&](int, int) { return delta; },
         [&](int m, int e) {
           const int key = m * N + acc_row<N>(e & ~3, lane);

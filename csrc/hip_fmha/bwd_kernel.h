@@ -31,15 +31,17 @@
 namespace fmha {
 namespace hip {
 
-// kSoftcap is compile-time in the backward (not in the forward) because its gradient needs
-// tanh(s / softcap) kept in registers across the dP product.
-template <class T_, int kHeadDim_, int kBlockM_, bool kDropout_, bool kSoftcap_>
+// kScoreMod (softcap or ALiBi may be on) is compile-time in the backward, not in the
+// forward: softcap's gradient needs tanh(s / softcap) kept in registers across the dP
+// product, and the plain instance, free of both passes and of the slope load, needs fewer
+// registers where the backward is short of them.
+template <class T_, int kHeadDim_, int kBlockM_, bool kDropout_, bool kScoreMod_>
 struct BwdTraits {
   using T = T_;
   static constexpr int N = 16;  // v_mfma_f32_16x16x16: 16 keys per wave
   static constexpr int kWaves = 4, kThreads = kWaves * kWaveSize;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kWaves * N;
-  static constexpr bool kDropout = kDropout_, kSoftcap = kSoftcap_;
+  static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_;
   // dQ = dS K of the block (kBlockM x D, summed over all kBlockN keys) is split over the
   // waves as kWavesQ x kWavesD tiles whose widths are whole 16-column MFMA blocks.
   static constexpr int kWavesD = (kHeadDim / 4) % 16 == 0 ? 4 : 2, kWavesQ = kWaves / kWavesD;
@@ -61,7 +63,7 @@ FMHA_DEVICE float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse
 // From P (scores already exp2'd) and dP to dropout(P) and dS, in place, for element e of
 // block b: p <- P z (for dV), dp <- dS = P (dP z - D) softcap', where z = 0 or 1 / (1 - p)
 // is the dropout factor.  delta(b, e) gives D of the element's row, kept(b, e) its keep byte.
-template <bool kDropout, bool kSoftcap, int N, int B, class Delta, class Kept>
+template <bool kDropout, bool kScoreMod, int N, int B, class Delta, class Kept>
 FMHA_DEVICE void make_ds(Acc<N> (&p)[B], Acc<N> (&dp)[B], const Acc<N> (&th)[B], const DropoutParams& drop,
                          const Delta& delta, const Kept& kept) {
 #pragma unroll
@@ -71,7 +73,7 @@ FMHA_DEVICE void make_ds(Acc<N> (&p)[B], Acc<N> (&dp)[B], const Acc<N> (&th)[B],
       const float z = kDropout ? (kept(b, e) ? drop.scale : 0.f) : 1.f;
       const float pv = p[b][e];
       float ds = pv * (dp[b][e] * z - delta(b, e));
-      if (kSoftcap) ds *= 1.f - th[b][e] * th[b][e];
+      if (kScoreMod) ds *= 1.f - th[b][e] * th[b][e];
       dp[b][e] = ds;
       p[b][e] = pv * z;
     }
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const fmha_bwd_params 
     if (K::kDropout) keep.template draw<K::kThreads>(drop, bh, m0, n0, tid);
     barrier();
     if (it + 1 < n_iters) fetch(it + 1);  // in flight during the math below
-    const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+    const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, geom, b, h);
     const ScoreCoords<false, N> at{m0, n0 + k0, lane};  // S: queries down the registers, keys in the lanes
 
     // S = Q K^T -> P = exp2(S - LSE).
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const fmha_bwd_params 
     clear<N>(acc_s);
     gemm<T, N, D / 16>(
         acc_s, [&](int m, int s) { return frag_rows<N>(sQ, m * N, 16 * s, lane); }, [&](int s) { return rK[s]; });
-    score.apply<K::kSoftcap>(acc_s, th, at, score.needs_mask(m0, m0 + kBlockM, n0, kBlockN));
+    score.apply<K::kScoreMod>(acc_s, th, at, score.needs_mask(m0, m0 + kBlockM, n0, kBlockN));
 #pragma unroll
     for (int m = 0; m < kBlockM / N; ++m)
 #pragma unroll
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const fmha_bwd_params 
     clear<N>(acc_dp);
     gemm<T, N, D / 16>(
         acc_dp, [&](int m, int s) { return frag_rows<N>(sdO, m * N, 16 * s, lane); }, [&](int s) { return rV[s]; });
-    make_ds<K::kDropout, K::kSoftcap, N>(
+    make_ds<K::kDropout, K::kScoreMod, N>(
         acc_s, acc_dp, th, drop, [&](int m, int e) { return sDelta[at.x(m, e) - m0]; },
         [&](int m, int e) {
           const int row = at.x(m, e & ~3) - m0;

@@ -43,11 +43,11 @@ template <> struct ColTile<256> { static constexpr int kBlockM = 16; };
 template <class T, int D, bool kDropout>
 using FwdConfig = FwdTraits<T, D, RowTile<D>::N, RowTile<D>::kBlockN, kDropout>;
 
-template <class T, int D, bool kDropout, bool kSoftcap>
-using BwdConfig = BwdTraits<T, D, ColTile<D>::kBlockM, kDropout, kSoftcap>;
+template <class T, int D, bool kDropout, bool kScoreMod>
+using BwdConfig = BwdTraits<T, D, ColTile<D>::kBlockM, kDropout, kScoreMod>;
 
-template <class T, int D, bool kDropout, bool kSoftcap>
-using BwdDqConfig = BwdDqTraits<T, D, RowTile<D>::N, RowTile<D>::kBlockN, kDropout, kSoftcap>;
+template <class T, int D, bool kDropout, bool kScoreMod>
+using BwdDqConfig = BwdDqTraits<T, D, RowTile<D>::N, RowTile<D>::kBlockN, kDropout, kScoreMod>;
 
 // Decode: 16 packed query rows and 16-key blocks per wave (v_mfma_f32_16x16x16), four
 // waves; instances for head dims 64, 128, 256 (others run padded to the next, as on CUDA).

@@ -1,5 +1,5 @@
 // The HIP backend's entry points: checks what only this backend needs (layout, offsets),
-// then maps runtime values (dtype, head dim, dropout, softcap, determinism) to a compiled
+// then maps runtime values (dtype, head dim, dropout, softcap or ALiBi, determinism) to a compiled
 // instance, plus the small kernels around it (rowwise.h).  Same semantics and workspace
 // contract as the CUDA backend (csrc/cuda_fmha/dispatch.cu).  The instances are declared in
 // instances/instances.h and compiled one per translation unit.
@@ -76,18 +76,18 @@ void fwd_matrix_core(const fmha_fwd_params& p, hipStream_t s) {
   }
 }
 
-template <class T, int D, bool kDropout, bool kSoftcap>
+template <class T, int D, bool kDropout, bool kScoreMod>
 void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, hipStream_t s) {
-  run_bwd<BwdConfig<T, D, kDropout, kSoftcap>>(p, dq_accum, delta, !p.deterministic, s);
-  if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, kDropout, kSoftcap>>(p, delta, s);
+  run_bwd<BwdConfig<T, D, kDropout, kScoreMod>>(p, dq_accum, delta, !p.deterministic, s);
+  if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, kDropout, kScoreMod>>(p, delta, s);
 }
 
 template <class T, int D>
 void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta, hipStream_t s) {
-  const bool drop = p.problem.dropout_p > 0.f, cap = p.problem.softcap > 0.f;
-  if (drop && cap) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
+  const bool drop = p.problem.dropout_p > 0.f, mod = p.problem.softcap > 0.f || p.problem.alibi_slopes;
+  if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
   if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
-  if (cap) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);
+  if (mod) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
 

@@ -41,13 +41,16 @@ struct ScoreMod {
   float post_scale;
   MaskGeometry geom;
 
+  // kMods = false: the caller was compiled for problems without softcap and ALiBi (the
+  // backward's plain instances), so neither pass is emitted and no slope is loaded.
+  template <bool kMods = true>
   FMHA_DEVICE static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
     ScoreMod s;
     s.scale_log2 = p.scale * kLog2e;
-    s.softcap = p.softcap > 0.f;
+    s.softcap = kMods && p.softcap > 0.f;
     s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
     s.softcap_out = p.softcap * kLog2e;
-    s.slope_log2 = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    s.slope_log2 = kMods && p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
     s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
     s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
     s.geom = geom;
@@ -77,7 +80,8 @@ struct ScoreMod {
   }
 
   // s (raw q.k) -> score * log2(e) / post_scale, or -inf where masked.  With kKeepTanh, th
-  // receives tanh(s / softcap) for the softcap gradient.  Each option is a separate pass so
+  // receives tanh(s / softcap) for the softcap gradient (0 without softcap, so its factor
+  // 1 - th^2 is 1).  Each option is a separate pass so
   // the uniform branch sits outside the unrolled loops.
   template <bool kKeepTanh, bool kQueryInLanes, int N, int B>
   FMHA_DEVICE void apply(Acc<N> (&s)[B], Acc<N> (&th)[B], const ScoreCoords<kQueryInLanes, N>& at, bool mask) const {
@@ -91,11 +95,14 @@ struct ScoreMod {
           if (kKeepTanh) th[b][r] = t;
           s[b][r] = t * softcap_out;
         }
-    } else if (!fold_scale) {
+    } else {
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[b][r] *= scale_log2;
+        for (int r = 0; r < R; ++r) {
+          if (kKeepTanh) th[b][r] = 0.f;
+          if (!fold_scale) s[b][r] *= scale_log2;
+        }
     }
     if (slope_log2 != 0.f) {
 #pragma unroll

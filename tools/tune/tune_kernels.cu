@@ -160,6 +160,7 @@ int main() {
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 64, 64, 4);
     BWD(256, 32, 64, 2);
+    BWD(256, 64, 64, 1);
 #endif
   }
   return 0;
