@@ -132,3 +132,13 @@ def test_eager_path_matches_registered_op(device, variant):
     for name, a, b in zip(("out", "lse", "probs", "dq", "dk", "dv"), got, want):
         assert torch.equal(a, b), f"{variant}: {name} differs between the eager path and the op"
     assert "EagerAttention" in paths[0] and "EagerAttention" not in paths[1], paths
+
+    # Nothing to differentiate (no_grad): the eager path calls the forward directly, with
+    # no autograd node, and gives the op's results bit for bit.
+    with torch.no_grad():
+        leaves = [leaf(a) for a in args[:3]]
+        got = ops.attention(*leaves, *args[3:])
+        want = torch.ops.fmha.fwd(*leaves, *args[3:])
+    assert got[0].grad_fn is None and not got[0].requires_grad
+    for name, a, b in zip(("out", "lse", "rng_state", "probs"), got, want):
+        assert torch.equal(a, b), f"{variant}: {name} differs between the no-grad eager path and the op"

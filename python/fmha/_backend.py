@@ -44,9 +44,16 @@ def fmha_device(device: torch.device) -> "_C.Device":
     raise ValueError(f"fmha does not run on {device.type} tensors (supported: cpu, cuda)")
 
 
+# torch's raw-stream query (what its own generated kernels launch on): an int without
+# building a Stream object, which costs a small call several microseconds.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(device: torch.device) -> int:
     """The current torch stream of a GPU device as an int (0 for the CPU)."""
     if device.type == "cuda":
+        if _raw_stream is not None and device.index is not None:
+            return _raw_stream(device.index)
         return torch.cuda.current_stream(device).cuda_stream
     return 0
 
@@ -59,9 +66,10 @@ def view(t: torch.Tensor | None, varlen: bool) -> "_C.Tensor":
     """An fmha_tensor of a (B, S, H, D) or, in varlen mode, (total, H, D) tensor."""
     if t is None:
         return _C.Tensor()
+    st = t.stride()
     if varlen:
-        return _C.Tensor(t.data_ptr(), 0, t.stride(0), t.stride(1))
-    return _C.Tensor(t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+        return _C.Tensor(t.data_ptr(), 0, st[0], st[1])
+    return _C.Tensor(t.data_ptr(), st[0], st[1], st[2])
 
 
 def ptr(t: torch.Tensor | None) -> int:

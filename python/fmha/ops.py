@@ -8,7 +8,9 @@ the tensors' device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -20,10 +22,10 @@ from ._backend import _DTYPES, capturing, fmha_device, ptr, stream_handle, view
 
 
 def _device_guard(device: torch.device):
-    if device.type == "cuda":
+    """The tensors' GPU made current for the launch; nothing to do (and no guard object to
+    build, a measurable part of a small call's host time) when it already is."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -96,15 +98,25 @@ def _fwd_impl(
     d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                  max_seqlen_k, scale, softcap, window_left, window_right,
                                  alibi_slopes, dropout_p)
+    return _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
+                        softcap, window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic,
+                        return_probs, rng_state)
+
+
+def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+                 window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic, return_probs,
+                 rng_state):
+    """_fwd_impl after its argument checks, which gave d."""
     device = q.device
     backend = fmha_device(device)
     cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
         _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
-    if not capturing(device):
+    in_capture = capturing(device)
+    if not in_capture:
         _checks.metadata_values(d, cu_seqlens_q, cu_seqlens_k, seqused_k)
     if dropout_p > 0:
         if rng_state is None:
-            if capturing(device):
+            if in_capture:
                 raise ValueError("dropout while capturing a CUDA graph needs an explicit rng_state "
                                  "(a fresh draw would be frozen into the graph)")
             rng_state = _draw_rng_state()
@@ -119,6 +131,7 @@ def _fwd_impl(
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
     if device.type == "cuda" and q.dtype != torch.float32:
         q, k, v = (_vector_layout(x, d_kernel) for x in (q, k, v))
+    if d_kernel != head_dim:
         d = dataclasses.replace(d, head_dim=d_kernel)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
@@ -166,6 +179,15 @@ def _bwd_impl(
     d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                  max_seqlen_k, scale, softcap, window_left, window_right,
                                  alibi_slopes, dropout_p)
+    return _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                        max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes, dropout_p,
+                        rng_state, deterministic)
+
+
+def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                 max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes, dropout_p,
+                 rng_state, deterministic):
+    """_bwd_impl after the checks of the inputs it shares with the forward, which gave d."""
     for name, t in (("dout", dout), ("out", out)):
         if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
             raise ValueError(f"{name} must match q: shape {tuple(q.shape)} and dtype {q.dtype}, "
@@ -184,6 +206,7 @@ def _bwd_impl(
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
     if device.type == "cuda" and q.dtype != torch.float32:
         q, k, v, out, dout = (_vector_layout(x, d_kernel) for x in (q, k, v, out, dout))
+    if d_kernel != head_dim:
         d = dataclasses.replace(d, head_dim=d_kernel)
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
@@ -247,19 +270,30 @@ def _backward(ctx, dout, dlse, _drng, _dprobs):
 torch.library.register_autograd("fmha::fwd", _backward, setup_context=_setup_context)
 
 
+def _input_dims(inputs) -> _checks.Dims:
+    """fmha::fwd's argument checks, on its argument tuple."""
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+     window_left, window_right, _top_left, alibi_slopes, dropout_p) = inputs[:15]
+    return _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                    max_seqlen_k, scale, softcap, window_left, window_right,
+                                    alibi_slopes, dropout_p)
+
+
 class _EagerAttention(torch.autograd.Function):
     """fmha::fwd and its backward for eager calls, without the dispatcher: the same
-    implementations, context and backward as the registered op."""
+    implementations, context and backward as the registered op.  The backward reuses the
+    forward's checked dimensions instead of checking the same inputs again."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        output = _fwd_impl(*inputs)
+        ctx.dims = _input_dims(inputs)
+        output = _fwd_checked(ctx.dims, *inputs)
         _setup_context(ctx, inputs, output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse, _drng, _dprobs):
-        return _replay_backward(_bwd_impl, ctx, dout, dlse)
+        return _replay_backward(functools.partial(_bwd_checked, ctx.dims), ctx, dout, dlse)
 
 
 def attention(*inputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -270,4 +304,8 @@ def attention(*inputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     tensors = [x for x in inputs if isinstance(x, Tensor)]
     eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
              and all(type(x) is Tensor for x in tensors) and inputs[0].device.type in ("cpu", "cuda"))
-    return _EagerAttention.apply(*inputs) if eager else torch.ops.fmha.fwd(*inputs)
+    if not eager:
+        return torch.ops.fmha.fwd(*inputs)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return _EagerAttention.apply(*inputs)
+    return _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
