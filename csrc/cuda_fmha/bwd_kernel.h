@@ -36,11 +36,13 @@ struct BwdTraits {
   static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_;
   static constexpr int kNWarps = 8, kThreads = 256;
   // Warp grids: S and dP are (kBlockM x kBlockN) on 2 x 4 warps; dK and dV (kBlockN x D) on
-  // 4 x 2; dQ (kBlockM x D) on kWM_Q x kWN_Q, with an even number of 8-column blocks each:
-  // 4 x 2 up to D = 96 (measured 1% faster at D = 64 than 2 x 4), 2 x 4 above.
+  // kWM_KV x kWN_KV; dQ (kBlockM x D) on kWM_Q x kWN_Q; an even number of 8-column blocks
+  // each.  Each picks the split with fewer shared-memory fragment reads per warp: dK/dV
+  // 2 x 4 where D >= 2 kBlockN (D = 192, 256), else 4 x 2; dQ 4 x 2 up to D = 96
+  // (measured 1% faster at D = 64 than 2 x 4), 2 x 4 above.
   static constexpr int kWM_S = 2, kWN_S = 4;
   static constexpr int kMT_S = kBlockM / (16 * kWM_S), kNT_S = kBlockN / (8 * kWN_S);
-  static constexpr int kWM_KV = 4, kWN_KV = 2;
+  static constexpr int kWM_KV = kHeadDim >= 2 * kBlockN ? 2 : 4, kWN_KV = kNWarps / kWM_KV;
   static constexpr int kMT_KV = kBlockN / (16 * kWM_KV), kNT_KV = kHeadDim / (8 * kWN_KV);
   static constexpr int kWM_Q = kHeadDim <= 96 ? 4 : 2, kWN_Q = kNWarps / kWM_Q;
   static constexpr int kMT_Q = kBlockM / (16 * kWM_Q), kNT_Q = kHeadDim / (8 * kWN_Q);
