@@ -292,7 +292,26 @@ def test_quantized_cache(device, qdtype, scaling, paged, num_splits, dtype):
     assert_lse_close(lse, ref_lse, 1e-4)
 
 
-@pytest.mark.parametrize("cache_kind", ["plain", "fp8", "int8_token_large"])
+@pytest.mark.parametrize("q_mul", [1e5, 1e-6], ids=["q_past_fp16_max", "q_under_fp16_normal"])
+def test_fp8_cache_bf16_query_range(device, q_mul):
+    """fp8 caches run their mma in fp16, bf16 queries included: q outside fp16's range (past
+    65504, or under 2^-14 where fp16 loses bits) must be scaled into it first.  The softmax
+    scale brings the scores back to O(1), so q's precision shows in the output."""
+    B, hq, hk, d, n = 2, 8, 2, 128, 300
+    q = (randn(B, 1, hq, d, dtype=torch.float32) * q_mul).to(torch.bfloat16)
+    k, ks = fmha.quantize_kv_cache(randn(B, n, hk, d, dtype=torch.bfloat16))
+    v, vs = fmha.quantize_kv_cache(randn(B, n, hk, d, dtype=torch.bfloat16))
+    scale = d ** -0.5 / q_mul
+    cache_seqlens = torch.tensor([n, 77], dtype=torch.int32)
+    out, lse, _ = kvcache_call(device, q, k, v, cache_seqlens=cache_seqlens, k_scale=ks, v_scale=vs,
+                               softmax_scale=scale)
+    ref_out, ref_lse = expected_outputs(q, Cache(k, v, None, None, ks, vs), cache_seqlens, 0, None, None, False,
+                                        (-1, -1), 0.0, None, scale)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_lse_close(lse, ref_lse, 1e-4)
+
+
+@pytest.mark.parametrize("cache_kind", ["plain", "fp8", "int8_token_large", "fp8_token_large"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_rising_scores(device, cache_kind, num_splits, dtype):
@@ -300,7 +319,8 @@ def test_rising_scores(device, cache_kind, num_splits, dtype):
     probability: the GPU kernel raises its running max only on jumps past 2^8 (kLazyMax) and
     otherwise keeps a stale max with probabilities up to 2^8; both must give the exact softmax.
     int8_token_large: values near fp16's limit, so per-token v_scale passes 255 and a
-    probability of 2^8 times it would overflow fp16."""
+    probability of 2^8 times it would overflow fp16.  fp8_token_large: the same for fp8
+    with bf16 queries (values past fp16's range), whose mma runs in fp16 too."""
     B, hq, hk, d, n = 1, 4, 1, 64, 700
     q = randn(B, 1, hq, d, dtype=dtype)
     k = randn(B, n, hk, d, dtype=torch.float32)
@@ -323,6 +343,14 @@ def test_rising_scores(device, cache_kind, num_splits, dtype):
         v = (v.float() * 40000.0).clamp(-65000.0, 65000.0).to(dtype)
         k, ks = fmha.quantize_kv_cache(k, torch.int8, "token")
         v, vs = fmha.quantize_kv_cache(v, torch.int8, "token")
+        assert vs.min() > 255.0, "every v_scale must pass 255"
+        extra = dict(k_scale=ks, v_scale=vs)
+    elif cache_kind == "fp8_token_large":
+        if dtype != torch.bfloat16:
+            pytest.skip("fp16 values cannot take an fp8 v_scale past 255 (65504 / 448 = 146)")
+        v = (v.float() * 1e6).clamp(-1.3e6, 1.3e6).to(dtype)  # past fp16's range
+        k, ks = fmha.quantize_kv_cache(k, torch.float8_e4m3fn, "token")
+        v, vs = fmha.quantize_kv_cache(v, torch.float8_e4m3fn, "token")
         assert vs.min() > 255.0, "every v_scale must pass 255"
         extra = dict(k_scale=ks, v_scale=vs)
     else:

@@ -2,7 +2,8 @@
 // group owns one row, lane l the head-dim elements l, l + G::kWidth, ...):
 //  - decode_append_row: new keys (rotated) and values into the cache at filled + t,
 //    quantized in place for 8-bit caches (per-token scales written), as csrc/cpu/decode.cpp;
-//  - decode_combine_row: the split-KV partials merged by LSE (merge_attentions' rule);
+//  - decode_combine_part / _store: the split-KV partials merged by LSE (merge_attentions'
+//    rule), a row spread over the lane groups of a block;
 //  - decode_fp32_row: the fp32 decode without matrix units, every cache kind, following the
 //    CPU backend's loop with the same csrc/common/ helpers.
 // Every cache index goes through CacheView / DecodeSequence, which clamp device metadata.
@@ -98,19 +99,33 @@ FMHA_DEVICE void decode_append_row(const fmha_decode_params& p, int64_t item, in
   }
 }
 
-// Output row `row` = (b, h, i) in LSE order (B, Hq, Sq).  o_part: (splits, B, Hq, Sq,
-// head_dim) fp32, each normalized over its split; lse_part: (splits, B, Hq, Sq).
-template <class G, class T>
-FMHA_DEVICE void decode_combine_row(const fmha_decode_params& p, const float* o_part, const float* lse_part,
-                                    int splits, int64_t row, int lane) {
+// The split-KV combine of output row `row` = (b, h, i) in LSE order (B, Hq, Sq), by
+// `parts` lane groups of one block (decode_combine_parts): o_part is (splits, B, Hq, Sq, head_dim) fp32, each row
+// normalized over its split; lse_part is (splits, B, Hq, Sq).  Group `part` adds splits
+// part, part + parts, ... weighted by their share of the row's softmax sum into red
+// (head_dim floats in shared memory) and returns the row's LSE; after a block barrier,
+// decode_combine_store adds the parts' rows and writes the output.  A lane owns dims
+// [4l, 4l + 4) + 4 kWidth c, as 16-byte loads (head_dim is a multiple of 8 on the
+// matrix-unit paths, the only ones that split).  Spread over parts because the compiler
+// keeps about two of one lane's row loads in flight, whatever the unrolling: one group per
+// row took 0.3 us per split on an H200 (16 us at 43 splits).
+struct alignas(16) Float4 {
+  float x, y, z, w;
+};
+
+// Lane groups per output row: up to 8, about two splits each (one group per row when
+// there are two, so that a block then combines several rows).
+FMHA_HOST_DEVICE int decode_combine_parts(int splits) {
+  int parts = 1;
+  while (parts < 8 && 2 * parts < splits) parts *= 2;
+  return parts;
+}
+
+template <class G>
+FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* o_part, const float* lse_part,
+                                      int splits, int64_t row, int part, int parts, int lane, float* red) {
   const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
-  if (row >= rows) return;
-  const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
-  const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
-  // Every split's LSE is loaded at once (lane l holds splits l, l + kWidth, ...), so the
-  // weights need no global load inside the loop and the partial rows' loads are all
-  // independent: a loop that loaded each LSE before its row waited two memory latencies per
-  // split.
+  // Every split's LSE at once (lane l holds splits l, l + kWidth, ...): the max and the sum.
   constexpr int kPerLane = kMaxDecodeSplits / G::kWidth;
   float w[kPerLane];
   float m = -INFINITY;
@@ -123,26 +138,47 @@ FMHA_DEVICE void decode_combine_row(const fmha_decode_params& p, const float* o_
   m = G::max(m);
   float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    w[j] = m == -INFINITY ? 0.f : G::exp(w[j] - m);  // 0 for splits that saw no key
-    sum += w[j];
-  }
+  for (int j = 0; j < kPerLane; ++j) sum += m == -INFINITY ? 0.f : G::exp(w[j] - m);  // 0: a split saw no key
   sum = G::sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  LaneRow<G> acc;
-  acc.zero();
+
+  constexpr int kVec = (FMHA_MAX_HEAD_DIM + 4 * G::kWidth - 1) / (4 * G::kWidth);
   const int d = p.head_dim;
+  Float4 acc[kVec];
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-#pragma unroll 4
-    for (int t = 0; t < G::kWidth && G::kWidth * j + t < splits; ++t)
-      acc.template axpy<float>(G::broadcast(w[j], t) * inv, o_part, ((G::kWidth * j + t) * rows + row) * d, d, lane);
+  for (int c = 0; c < kVec; ++c) acc[c] = Float4{0.f, 0.f, 0.f, 0.f};
+  for (int s = part; s < splits; s += parts) {
+    const float ws = m == -INFINITY ? 0.f : G::exp(lse_part[s * rows + row] - m) * inv;
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) {
+      const int e = 4 * (lane + G::kWidth * c);
+      if (e >= d) continue;
+      const Float4 x = *reinterpret_cast<const Float4*>(o_part + (s * rows + row) * d + e);
+      acc[c].x += ws * x.x, acc[c].y += ws * x.y, acc[c].z += ws * x.z, acc[c].w += ws * x.w;
+    }
   }
-  acc.template store<T>(p.out.data,
-                        (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride +
-                            (int64_t)h * p.out.head_stride,
-                        d, lane);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = m == -INFINITY ? -INFINITY : m + G::log(sum);
+#pragma unroll
+  for (int c = 0; c < kVec; ++c) {
+    const int e = 4 * (lane + G::kWidth * c);
+    if (e < d) *reinterpret_cast<Float4*>(red + e) = acc[c];
+  }
+  return m == -INFINITY ? -INFINITY : m + G::log(sum);
+}
+
+// The output row and its LSE from the parts' rows (red: parts rows of FMHA_MAX_HEAD_DIM
+// floats), after the barrier that follows decode_combine_part.
+template <class G, class T>
+FMHA_DEVICE void decode_combine_store(const fmha_decode_params& p, int64_t row, const float* red, int parts,
+                                      float lse, int lane) {
+  const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
+  const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
+  const int64_t out = (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride + (int64_t)h * p.out.head_stride;
+  for (int e = lane; e < p.head_dim; e += G::kWidth) {
+    float o = 0.f;
+    for (int k = 0; k < parts; ++k) o += red[k * FMHA_MAX_HEAD_DIM + e];
+    G::template store<T>(p.out.data, out + e, o);
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
 }
 
 // fp32 decode of row (b, h, i): the CPU's attend_row on a lane group.  Elem is the cache

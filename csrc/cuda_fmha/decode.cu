@@ -146,10 +146,13 @@ void decode(const fmha_decode_params& p, void* stream) {
   // 3. Splits merged by LSE.
   if (pl.splits > 1) {
     const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+    if (rows > INT32_MAX) FMHA_UNSUPPORTED("decode combine grid too large: batch x heads x seqlen_q = %lld", (long long)rows);
+    const int parts = decode_combine_parts(pl.splits);
     with_types(p, [&](auto types) {
       using T = typename decltype(types)::T;
       if constexpr (!std::is_same_v<T, float>)
-        decode_combine_kernel<T><<<grid_size(rows, kRowWarps), kThreadsRow, 0, s>>>(p, o_part, lse_part, pl.splits);
+        decode_combine_kernel<T><<<(unsigned)grid_size(rows * parts, kCombineWarps), 32 * kCombineWarps, 0, s>>>(
+            p, o_part, lse_part, pl.splits, parts);
     });
     check_cuda(cudaGetLastError(), "decode_combine_kernel launch");
   }

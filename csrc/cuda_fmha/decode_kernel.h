@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   using Elem = std::conditional_t<K::kQuant, uint8_t, T>;  // cache element
   constexpr int D = K::kHeadDim, kDT = K::kDT, kS = K::kStages;
   constexpr int kUnit = K::kQuant ? 2 : 1;  // cache elements per 16-bit tile column
-  using Cvt8 = Cvt8Pair<T, K::kCache == CacheKind::kInt8>;
+  using Cvt = Cvt8<T, K::kCache == CacheKind::kInt8>;
+  using Tc = std::conditional_t<K::kQuant, typename Cvt::Compute, T>;  // the mma's operand type
   constexpr float kLazyMax = 8.f;
 
   const int split = blockIdx.x, b = blockIdx.z;
@@ -125,9 +126,9 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   const Elem* k_cache = static_cast<const Elem*>(p.k_cache.data);
   const Elem* v_cache = static_cast<const Elem*>(p.v_cache.data);
   const bool per_token = K::kQuant && p.scaling == FMHA_SCALE_PER_TOKEN;
-  // fp16 queries with per-token scales form P x v_scale in fp16: P must stay <= 1 (an exact
-  // running max), or an int8 v_scale above 255 (|V| > ~32k) would overflow it.
-  const float lazy_max = std::is_same_v<T, __half> && per_token ? 0.f : kLazyMax;
+  // fp16 operands with per-token scales form P x v_scale in fp16: P must stay <= 1 (an exact
+  // running max), or a v_scale above 255 (|V| > ~32k for int8, ~114k for fp8) would overflow it.
+  const float lazy_max = std::is_same_v<Tc, __half> && per_token ? 0.f : kLazyMax;
   constexpr int kChunks = TileKV::kChunks, kRowStep = 32 / kChunks;
   const int r_l = lane / kChunks, c_l = (lane % kChunks) * 8;
   // Columns past the head dim are zero-filled: such a lane copies 0 bytes from its row start.
@@ -207,14 +208,13 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     }
     __syncthreads();
   }
-  // bf16 with fp8: K and V are converted without their 2^120 exponent fix (Cvt8Pair), so
-  // q is scaled by 2^q_exp to put max |q| just under 2^125 (exact: a power of two; products
-  // with the 2^-120-scaled keys stay clear of fp32 subnormals) and P by 2^kPExp; both
-  // powers are taken back out of the score scale, the output factor and the LSE.
-  constexpr bool kPrescale = Cvt8::kPrescale;
-  constexpr float kPExp = kPrescale ? 64.f : 0.f;
+  // fp8 caches with bf16 queries: the mma runs in fp16 (Cvt8), so q is scaled by 2^q_exp
+  // to put max |q| just under 2^15 (exact: a power of two; fp16 keeps bf16's 8 bits for
+  // every element within 2^-24 of the largest), and the power is taken back out of the score
+  // scale.
+  constexpr bool kQToHalf = K::kQuant && !std::is_same_v<T, Tc>;
   int q_exp = 0;
-  if constexpr (kPrescale) {
+  if constexpr (kQToHalf) {
     uint32_t mx = 0;  // largest |q| bit pattern of the tile (magnitudes order as integers)
     for (int i = lane; i < TileQ::kBytes / 4; i += 32) {
       const uint32_t w = reinterpret_cast<const uint32_t*>(sQ)[i];
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    q_exp = min(125 - ((int)(mx >> 7) - 126), 140);  // max |q| < 2^((mx >> 7) - 126)
+    q_exp = 15 - ((int)(mx >> 7) - 126);  // max |q| < 2^((mx >> 7) - 126); q_exp in [-114, 141]
   }
   uint32_t qf[D / 16][4];
   if constexpr (!K::kQuant) {
@@ -230,38 +230,40 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], a_q(0, kk * 16));
   } else {
-    // Logical k 2t, 2t+1 are dims c+1, c+3 (bytes 1 and 3 of the K word, converted in place);
-    // 2t+8, 2t+9 are dims c, c+2 (bytes 0 and 2, shifted up by one byte).
-    // 2^q_exp as two normal floats (q_exp is in [-3, 140]): two exact multiplies.
+    // Logical k 2t, 2t+1 of a k-step are the K word's dims q_dim(0), q_dim(1); 2t+8, 2t+9
+    // are q_dim(2), q_dim(3).  2^q_exp as two normal floats: two exact multiplies.
     const float q_mul0 = __int_as_float((127 + q_exp / 2) << 23);
     const float q_mul1 = __int_as_float((127 + q_exp - q_exp / 2) << 23);
     auto elem = [&](int r, int c) -> uint32_t {
-      const uint32_t x = reinterpret_cast<const uint16_t*>(sQ)[TileQ::offset(r, c)];
-      if constexpr (kPrescale) return __float_as_uint(__uint_as_float(x << 16) * q_mul0 * q_mul1) >> 16;
-      return x;
+      const T x = sQ[TileQ::offset(r, c)];
+      if constexpr (kQToHalf) {
+        const __half h = __float2half_rn(to_float(x) * q_mul0 * q_mul1);
+        return *reinterpret_cast<const uint16_t*>(&h);
+      }
+      return *reinterpret_cast<const uint16_t*>(&x);
     };
     auto pair = [&](int r, int c0, int c1) { return elem(r, c0) | (elem(r, c1) << 16); };
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = t * (D / 4) + 4 * kk;
-      qf[kk][0] = pair(g, c + 1, c + 3);
-      qf[kk][1] = pair(g + 8, c + 1, c + 3);
-      qf[kk][2] = pair(g, c, c + 2);
-      qf[kk][3] = pair(g + 8, c, c + 2);
+      qf[kk][0] = pair(g, c + Cvt::q_dim(0), c + Cvt::q_dim(1));
+      qf[kk][1] = pair(g + 8, c + Cvt::q_dim(0), c + Cvt::q_dim(1));
+      qf[kk][2] = pair(g, c + Cvt::q_dim(2), c + Cvt::q_dim(3));
+      qf[kk][3] = pair(g + 8, c + Cvt::q_dim(2), c + Cvt::q_dim(3));
     }
   }
   __syncthreads();  // every warp has its q fragments: the last stage may now be loaded
 
   // Scores: scale and softcap by ScoreMod; ALiBi (a slope per packed row) and the mask here,
   // for this thread's two rows (g, g + 8) of the tile.
-  // 8-bit caches: a per-head k scale, the exponent fix the conversion left out (2^kExp) and
-  // q's 2^-q_exp scale q.k, so they join the score scale; a per-head v scale and the fix
+  // 8-bit caches: a per-head k scale, the power of two the conversion left out (2^kExp) and
+  // q's 2^-q_exp scale q.k, so they join the score scale; a per-head v scale and 2^kExp
   // scale the output at the end.
   const bool alibi = p.alibi_slopes != nullptr;
   const float head_k = K::kQuant && !per_token ? p.k_scale[hk] : 1.f;
   const float head_v = K::kQuant && !per_token ? p.v_scale[hk] : 1.f;
   const ScoreMod score =
-      ScoreMod::make(K::kQuant ? ldexpf(p.scale * head_k, Cvt8::kExp - q_exp) : p.scale, p.softcap, alibi, 0.f, geom);
+      ScoreMod::make(K::kQuant ? ldexpf(p.scale * head_k, Cvt::kExp - q_exp) : p.scale, p.softcap, alibi, 0.f, geom);
   int qi[2];
   float slope_log2[2];
 #pragma unroll
@@ -311,7 +313,9 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
         }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          mma_16816<T>(s[0][nb], qf[kk], Cvt8::pair(kw[kk]), Cvt8::pair(kw[kk] << 8));
+          uint32_t bk[2];
+          Cvt::k_pairs(kw[kk], bk);
+          mma_16816<Tc>(s[0][nb], qf[kk], bk[0], bk[1]);
         }
       }
     }
@@ -363,7 +367,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
         for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, kPExp - ref));
+          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, -ref));
           sum += pe;
           s[0][nb][e] = per_token ? pe * vs[nb][e % 2] : pe;
         }
@@ -378,7 +382,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
 
     // O += P V.
     uint32_t a_p[1][1][4];
-    acc_to_a<T>(a_p, s);
+    acc_to_a<Tc>(a_p, s);
     if constexpr (!K::kQuant) {
       gemm_rs<TileKV, 1, 1, kDT, T>(acc_o, a_p, ldsm_bt<TileKV>(st + TileKV::kBytes, lane), 0, 0);
     } else {
@@ -401,10 +405,12 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
         }
       }
 #pragma unroll
-      for (int n = 0; n < kDT; ++n) {
-        const uint32_t sel = ((4u + n % 4) << 12) | ((uint32_t)(n % 4) << 4);
-        mma_16816<T>(acc_o[0][n], a_p[0][0], Cvt8::pair(prmt(vw[0][n / 4], vw[1][n / 4], sel)),
-                     Cvt8::pair(prmt(vw[2][n / 4], vw[3][n / 4], sel)));
+      for (int n = 0; n < kDT; n += 2) {  // n-blocks n, n + 1: bytes n % 4, n % 4 + 1 of word n / 4
+        uint32_t b01[2], b89[2];  // keys 2t, 2t+1 and 2t+8, 2t+9
+        Cvt::v_pairs(vw[0][n / 4], vw[1][n / 4], n % 4, b01);
+        Cvt::v_pairs(vw[2][n / 4], vw[3][n / 4], n % 4, b89);
+        mma_16816<Tc>(acc_o[0][n], a_p[0][0], b01[0], b89[0]);
+        mma_16816<Tc>(acc_o[0][n + 1], a_p[0][0], b01[1], b89[1]);
       }
     }
     __syncwarp();  // every lane is done with this stage before it is loaded again
@@ -432,15 +438,14 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + r]);
 #pragma unroll
     for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + r] * softmax_rescale(red_m[w * 16 + r], m_all);
-    // l_all carries P's 2^kPExp, which the output loses with it and the LSE must drop.
-    const float f = softmax_rescale(row_max[ri], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt8::kExp : 0) * head_v;
+    const float f = softmax_rescale(row_max[ri], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt::kExp : 0) * head_v;
     const int row = r0 + r;
     if (warp == 0 && t == 0 && row < r1) {  // the tile row's LSE, once
       const int64_t idx = ((int64_t)b * p.num_heads_q + hk * group + row % group) * p.seqlen_q + row / group;
       if (num_splits > 1)
-        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all - kPExp, l_all);
+        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all, l_all);
       else if (p.lse != nullptr)
-        p.lse[idx] = softmax_lse(m_all - kPExp, l_all);
+        p.lse[idx] = softmax_lse(m_all, l_all);
     }
 #pragma unroll
     for (int n = 0; n < kDT; ++n)
