@@ -15,13 +15,13 @@
 // zero-filled by the copy (never read) and masked.
 //
 // 8-bit caches (fp8 e4m3, int8) are staged as bytes and turned into mma operands in
-// registers (tile/cvt8.h).  The head dimension is permuted consistently so each thread
-// reads contiguous bytes: for q.k, thread t of a quad owns dims [t D/4, (t + 1) D/4) of
-// every key (4 per k-step, taken as the pairs of bytes 1, 3 and 0, 2 of a word so that no
-// byte moves) and q is read in the same order; for P V, thread g owns output dims
-// [g D/8, (g + 1) D/8) (n-block n is dim g D/8 + n).  Per-token scales multiply scores
-// (k_scale) and probabilities (v_scale) per key; per-head scales join the score scale and
-// the output factor; never a multiply per element.
+// registers (tile/cvt8.h; fp8 runs the mma in fp16, int8 in the query type).  The head
+// dimension is permuted consistently so each thread reads contiguous bytes: for q.k,
+// thread t of a quad owns dims [t D/4, (t + 1) D/4) of every key (4 per k-step, one word,
+// paired as the converter's q_dim says) and q is read in the same order; for P V, thread g
+// owns output dims [g D/8, (g + 1) D/8) (n-block n is dim g D/8 + n).  Per-token scales
+// multiply scores (k_scale) and probabilities (v_scale) per key; per-head scales join the
+// score scale and the output factor; never a multiply per element.
 #pragma once
 
 #include <math.h>
