@@ -21,12 +21,13 @@ constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most
 // The cache element a decode kernel instance reads.
 enum class CacheKind { kPlain, kFp8, kInt8 };
 
-// The query tile a CTA packs: the rows of every query head sharing a KV head, 16 at a time
-// (row r = i * group + head-in-group); the cache is walked in 16-row position blocks.
+// The query tile a CTA packs: the rows of every query head sharing a KV head, tile_rows
+// at a time (row r = i * group + head-in-group; 16 on HIP, 8 on CUDA, whose products run
+// transposed); the cache is walked in 16-row position blocks.
 struct DecodeWork {
   static constexpr int kRows = 16, kBlock = 16;
-  FMHA_HOST_DEVICE static int m_tiles(const fmha_decode_params& p) {
-    return (p.seqlen_q * (p.num_heads_q / p.num_heads_k) + kRows - 1) / kRows;
+  FMHA_HOST_DEVICE static int m_tiles(const fmha_decode_params& p, int tile_rows = kRows) {
+    return (p.seqlen_q * (p.num_heads_q / p.num_heads_k) + tile_rows - 1) / tile_rows;
   }
 };
 

@@ -84,7 +84,7 @@ int sm_count() {
 DecodePlan plan(const fmha_decode_params& p) {
   const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
   const int per_sm = quant ? (p.head_dim <= 128 ? 3 : 2) : p.block_table != nullptr ? 2 : 1;
-  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p), (int64_t)sm_count() * per_sm,
+  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows), (int64_t)sm_count() * per_sm,
                           quant ? 16 : 8);
 }
 
@@ -111,10 +111,10 @@ void decode(const fmha_decode_params& p, void* stream) {
     check_vector_layout(p.k_cache, "k_cache", p.head_dim, quant ? 1 : 2);
     check_vector_layout(p.v_cache, "v_cache", p.head_dim, quant ? 1 : 2);
   }
-  if (p.batch > 65535 || (int64_t)p.num_heads_k * DecodeWork::m_tiles(p) > 65535)
-    FMHA_UNSUPPORTED("decode grid too large: batch %d (at most 65535) and num_heads_k x ceil(seqlen_q x group / 16) "
+  if (p.batch > 65535 || (int64_t)p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows) > 65535)
+    FMHA_UNSUPPORTED("decode grid too large: batch %d (at most 65535) and num_heads_k x ceil(seqlen_q x group / 8) "
                      "= %lld (at most 65535)",
-                     p.batch, (long long)p.num_heads_k * DecodeWork::m_tiles(p));
+                     p.batch, (long long)p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows));
 
   // 1. The new tokens go into the cache first (stream order makes them visible below).
   if (p.seqlen_new > 0) {

@@ -1,8 +1,12 @@
 // Decode attention against a KV cache (flash_attn_with_kvcache) on sm80+: flash-decoding.
 //
 // A CTA owns one (sequence, KV head, split): the query rows of every query head that shares
-// the KV head are packed into one 16-row tile (row r = i * group + head-in-group), so each
-// cache row is read once for the whole group.  The cache range the tile can see is cut into
+// the KV head are packed into one 8-row tile (row r = i * group + head-in-group), so each
+// cache row is read once for the whole group.  The products run transposed, S^T = K q^T and
+// O^T = V^T P^T: the packed rows are the mma's 8-wide n side (a decode step's 4-8 rows fill
+// it; a 16-row m side would be three-quarters padding), the keys and head dims its 16-row
+// m side, and P^T's fragments are S^T's two 8x8 halves transposed in registers
+// (movmatrix).  The cache range the tile can see is cut into
 // 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its four
 // warps take every fourth block each.  Each warp streams its blocks through its own ring of
 // shared-memory stages with cp.async and no block-wide barrier, keeping its own online
@@ -43,6 +47,10 @@
 namespace fmha {
 namespace cuda {
 
+// Packed q rows per CTA: the products run transposed (S^T = K q^T, O^T = V^T P^T), so the
+// rows are the mma's 8-wide n side and the keys and head dims its 16-row m side.
+constexpr int kDecodeRows = 8;
+
 template <class T_, CacheKind kCache_, int kHeadDim_>
 struct DecodeTraits {
   using T = T_;
@@ -50,7 +58,8 @@ struct DecodeTraits {
   static constexpr bool kQuant = kCache != CacheKind::kPlain;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = 4, kThreads = 32 * kNWarps;
-  static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of O
+  static constexpr int kRows = kDecodeRows;
+  static constexpr int kMT = kHeadDim / 16;  // 16-dim m-tiles of O^T
   static_assert(kHeadDim % 64 == 0, "decode head dims are 64, 128, 256");
   using TileQ = SmemTile<16, kHeadDim>;
   // One 16-row cache block as stored: T, or 8-bit rows viewed as pairs (kHeadDim / 2 columns).
@@ -65,7 +74,7 @@ struct DecodeTraits {
   static constexpr int kStages = kStagesRaw < 2 ? 2 : kStagesRaw > 6 ? 6 : kStagesRaw;
   static constexpr int kRingBytes = kNWarps * kStages * kStageBytes;
   static constexpr int kCombineStride = kHeadDim + 4;  // fp32 row stride of the warp merge
-  static constexpr int kCombineBytes = kNWarps * 16 * (kCombineStride + 2) * 4;
+  static constexpr int kCombineBytes = kNWarps * kRows * (kCombineStride + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kCombineBytes ? kRingBytes : kCombineBytes;
   // q waits in the last warp's last stage, which is first loaded after the q fragments are built.
   static_assert(TileQ::kBytes <= kStageBytes, "q tile must fit one stage");
@@ -78,7 +87,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   using TileQ = typename K::TileQ;
   using TileKV = typename K::TileKV;
   using Elem = std::conditional_t<K::kQuant, uint8_t, T>;  // cache element
-  constexpr int D = K::kHeadDim, kDT = K::kDT, kS = K::kStages;
+  constexpr int D = K::kHeadDim, kS = K::kStages;
   constexpr int kUnit = K::kQuant ? 2 : 1;  // cache elements per 16-bit tile column
   using Cvt = Cvt8<T, K::kCache == CacheKind::kInt8>;
   using Tc = std::conditional_t<K::kQuant, typename Cvt::Compute, T>;  // the mma's operand type
@@ -86,10 +95,10 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int group = p.num_heads_q / p.num_heads_k;
-  const int m_tiles = DecodeWork::m_tiles(p);
+  const int m_tiles = DecodeWork::m_tiles(p, K::kRows);
   const int hk = blockIdx.y / m_tiles;
   const int rows = p.seqlen_q * group;
-  const int r0 = (blockIdx.y % m_tiles) * 16, r1 = min(r0 + 16, rows);
+  const int r0 = (blockIdx.y % m_tiles) * K::kRows, r1 = min(r0 + K::kRows, rows);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int d = p.head_dim;
@@ -224,11 +233,16 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     for (int o = 16; o > 0; o /= 2) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     q_exp = 15 - ((int)(mx >> 7) - 126);  // max |q| < 2^((mx >> 7) - 126); q_exp in [-114, 141]
   }
-  uint32_t qf[D / 16][4];
+  // B fragments of q^T (k = dims, n = the 8 packed rows; sQ's rows 8-15 are zeros).
+  uint32_t qf[D / 16][2];
   if constexpr (!K::kQuant) {
-    const auto a_q = ldsm_a<TileQ>(sQ, lane);
+    const auto b_q = ldsm_b<TileQ>(sQ, lane);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], a_q(0, kk * 16));
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t x[4];
+      ldmatrix_x4(x, b_q(0, kk * 16));
+      qf[kk][0] = x[0], qf[kk][1] = x[1];
+    }
   } else {
     // Logical k 2t, 2t+1 of a k-step are the K word's dims q_dim(0), q_dim(1); 2t+8, 2t+9
     // are q_dim(2), q_dim(3).  2^q_exp as two normal floats: two exact multiplies.
@@ -247,9 +261,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = t * (D / 4) + 4 * kk;
       qf[kk][0] = pair(g, c + Cvt::q_dim(0), c + Cvt::q_dim(1));
-      qf[kk][1] = pair(g + 8, c + Cvt::q_dim(0), c + Cvt::q_dim(1));
-      qf[kk][2] = pair(g, c + Cvt::q_dim(2), c + Cvt::q_dim(3));
-      qf[kk][3] = pair(g + 8, c + Cvt::q_dim(2), c + Cvt::q_dim(3));
+      qf[kk][1] = pair(g, c + Cvt::q_dim(2), c + Cvt::q_dim(3));
     }
   }
   __syncthreads();  // every warp has its q fragments: the last stage may now be loaded
@@ -267,18 +279,24 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   int qi[2];
   float slope_log2[2];
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int row = min(r0 + g + 8 * ri, rows - 1);
-    qi[ri] = row / group;
-    slope_log2[ri] = p.alibi_slopes
+  for (int ci = 0; ci < 2; ++ci) {  // this thread's q columns 2t, 2t + 1 (packed rows)
+    const int row = min(r0 + 2 * t + ci, rows - 1);
+    qi[ci] = row / group;
+    slope_log2[ci] = p.alibi_slopes
                          ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + hk * group + row % group] * kLog2e
                          : 0.f;
   }
   const float post_scale = score.post_scale;
 
-  float acc_o[1][kDT][4];
-  clear(acc_o);
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  // O^T: m-tile m's rows g and g + 8 are dims dim_of(m, 0) and dim_of(m, 1) (8-bit caches
+  // permute them so each thread reads contiguous V bytes), its columns the packed rows.
+  auto dim_of = [&](int m, int h) { return K::kQuant ? g * (D / 8) + 2 * m + h : 16 * m + g + 8 * h; };
+  float acc_o[K::kMT][4];
+#pragma unroll
+  for (int m = 0; m < K::kMT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[m][e] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // q columns 2t, 2t + 1
 
   for (int it = 0; it < n_mine; ++it) {
     if (it + kS - 1 < n_mine) load_block(it + kS - 1, outer_next);
@@ -289,49 +307,43 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     const char* st = ring + (it % kS) * K::kStageBytes;
     const int j0 = (my_begin + warp + K::kNWarps * it) * 16 - seq.leftpad;  // key of the block's first row
 
-    // S = Q K^T for the block's 16 keys (two 8-key n-blocks).
-    float s[1][2][4];
-    clear(s);
+    // S^T = K q^T for the block's 16 keys: element e is key g + 8 (e / 2), q column 2t + e % 2.
+    float s[1][1][4] = {};
     if constexpr (!K::kQuant) {
-      const auto b_k = ldsm_b<TileKV>(st, lane);
+      const auto a_k = ldsm_a<TileKV>(st, lane);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, b_k(0, kk * 16));
-        mma_16816<T>(s[0][0], qf[kk], bk[0], bk[1]);
-        mma_16816<T>(s[0][1], qf[kk], bk[2], bk[3]);
+        uint32_t ak[4];
+        ldmatrix_x4(ak, a_k(0, kk * 16));
+        mma_16816<T>(s[0][0], ak, qf[kk][0], qf[kk][1]);
       }
     } else {
       const uint16_t* sK = reinterpret_cast<const uint16_t*>(st);
+      uint32_t kw[2][D / 16];  // keys g, g + 8: this thread's word of each k-step
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        uint32_t kw[D / 16];
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int ch = 0; ch < D / 64; ++ch) {
-          const uint4 v = *reinterpret_cast<const uint4*>(sK + TileKV::offset(g + 8 * nb, t * (D / 8) + ch * 8));
-          kw[4 * ch] = v.x, kw[4 * ch + 1] = v.y, kw[4 * ch + 2] = v.z, kw[4 * ch + 3] = v.w;
+          const uint4 v = *reinterpret_cast<const uint4*>(sK + TileKV::offset(g + 8 * r, t * (D / 8) + ch * 8));
+          kw[r][4 * ch] = v.x, kw[r][4 * ch + 1] = v.y, kw[r][4 * ch + 2] = v.z, kw[r][4 * ch + 3] = v.w;
         }
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t bk[2];
-          Cvt::k_pairs(kw[kk], bk);
-          mma_16816<Tc>(s[0][nb], qf[kk], bk[0], bk[1]);
-        }
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t lo[2], hi[2];
+        Cvt::k_pairs(kw[0][kk], lo);
+        Cvt::k_pairs(kw[1][kk], hi);
+        const uint32_t ak[4] = {lo[0], hi[0], lo[1], hi[1]};
+        mma_16816<Tc>(s[0][0], ak, qf[kk][0], qf[kk][1]);
       }
     }
 
-    // Per-token scales of 8-bit caches: key columns nb * 8 + 2t + e % 2.
-    float vs[2][2];
+    // Per-token scales of 8-bit caches: keys g and g + 8.
+    float vs[2];
     if (per_token) {
       const float* sc = reinterpret_cast<const float*>(st + 2 * TileKV::kBytes);
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nb][e] *= sc[nb * 8 + 2 * t + e % 2];
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) vs[nb][e] = sc[16 + nb * 8 + 2 * t + e];
+      for (int e = 0; e < 4; ++e) s[0][0][e] *= sc[g + 8 * (e / 2)];
+      vs[0] = sc[16 + g], vs[1] = sc[16 + g + 8];
     }
 
     // Scores in log2 units (raw q.k when the scale is folded), masked where needed.
@@ -339,52 +351,54 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     const bool mask = j0 < 0 || j0 + 16 > seq.len_k || !geom.tile_fully_visible(i0, i1, j0, j0 + 16);
     if (alibi || mask) {
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ri = e / 2, j = j0 + nb * 8 + 2 * t + e % 2;
-          if (alibi) s[0][nb][e] -= slope_log2[ri] * geom.alibi_distance(qi[ri], j);
-          if (mask && !(j >= 0 && j < seq.len_k && geom.visible(qi[ri], j))) s[0][nb][e] = -INFINITY;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int ci = e % 2, j = j0 + g + 8 * (e / 2);
+        if (alibi) s[0][0][e] -= slope_log2[ci] * geom.alibi_distance(qi[ci], j);
+        if (mask && !(j >= 0 && j < seq.len_k && geom.visible(qi[ci], j))) s[0][0][e] = -INFINITY;
+      }
     }
 
-    // Online softmax of the two rows.  A row's running max is raised only when a block
-    // passes it by more than kLazyMax (log2 units), so probabilities stay below 2^kLazyMax
-    // and the warp skips the kDT * 4 rescale multiplies unless some row's max moved.
+    // Online softmax of the two q columns over the block's keys (the 8 lanes sharing t).  A
+    // column's running max is raised only when a block passes it by more than kLazyMax
+    // (log2 units), so probabilities stay below 2^kLazyMax and the warp skips the
+    // accumulator rescale unless some column's max moved.
     float rescale[2];
     bool moved = false;
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float mx = fmaxf(fmaxf(s[0][0][2 * ri], s[0][0][2 * ri + 1]), fmaxf(s[0][1][2 * ri], s[0][1][2 * ri + 1]));
-      mx = quad_max(mx) * post_scale;
-      const bool up = mx > row_max[ri] + lazy_max;  // never for -inf; always for the first seen key
-      rescale[ri] = up ? softmax_rescale(row_max[ri], mx) : 1.f;
-      if (up) row_max[ri] = mx;
+    for (int ci = 0; ci < 2; ++ci) {
+      const float mx = col_max(fmaxf(s[0][0][ci], s[0][0][ci + 2])) * post_scale;
+      const bool up = mx > row_max[ci] + lazy_max;  // never for -inf; always for the first seen key
+      rescale[ci] = up ? softmax_rescale(row_max[ci], mx) : 1.f;
+      if (up) row_max[ci] = mx;
       moved |= up;
-      const float ref = softmax_ref_max(row_max[ri]);
+      const float ref = softmax_ref_max(row_max[ci]);
       float sum = 0.f;
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[0][nb][e], post_scale, -ref));
-          sum += pe;
-          s[0][nb][e] = per_token ? pe * vs[nb][e % 2] : pe;
-        }
-      row_sum[ri] = row_sum[ri] * rescale[ri] + sum;
+      for (int e = ci; e < 4; e += 2) {
+        const float pe = fast_exp2(fmaf(s[0][0][e], post_scale, -ref));
+        sum += pe;
+        s[0][0][e] = per_token ? pe * vs[e / 2] : pe;
+      }
+      row_sum[ci] = row_sum[ci] * rescale[ci] + sum;  // this lane's keys; summed over lanes at the end
     }
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int n = 0; n < kDT; ++n)
+      for (int m = 0; m < K::kMT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][n][e] *= rescale[e / 2];
+        for (int e = 0; e < 4; ++e) acc_o[m][e] *= rescale[e % 2];
     }
 
-    // O += P V.
-    uint32_t a_p[1][1][4];
-    acc_to_a<Tc>(a_p, s);
+    // O^T += V^T P^T.  P^T's B fragments are the transposes of the two 8x8 halves of S^T.
+    const uint32_t pb0 = movmatrix_trans(pack2<Tc>(s[0][0][0], s[0][0][1]));  // keys 0-7
+    const uint32_t pb1 = movmatrix_trans(pack2<Tc>(s[0][0][2], s[0][0][3]));  // keys 8-15
     if constexpr (!K::kQuant) {
-      gemm_rs<TileKV, 1, 1, kDT, T>(acc_o, a_p, ldsm_bt<TileKV>(st + TileKV::kBytes, lane), 0, 0);
+      const auto at_v = ldsm_at<TileKV>(st + TileKV::kBytes, lane);
+#pragma unroll
+      for (int m = 0; m < K::kMT; ++m) {
+        uint32_t av[4];
+        ldmatrix_x4_trans(av, at_v(0, m * 16));
+        mma_16816<T>(acc_o[m], av, pb0, pb1);
+      }
     } else {
       const uint16_t* sV = reinterpret_cast<const uint16_t*>(st + TileKV::kBytes);
       constexpr int kWords = D / 32;  // bytes [g D/8, (g + 1) D/8) of a row, as words
@@ -405,12 +419,12 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
         }
       }
 #pragma unroll
-      for (int n = 0; n < kDT; n += 2) {  // n-blocks n, n + 1: bytes n % 4, n % 4 + 1 of word n / 4
-        uint32_t b01[2], b89[2];  // keys 2t, 2t+1 and 2t+8, 2t+9
-        Cvt::v_pairs(vw[0][n / 4], vw[1][n / 4], n % 4, b01);
-        Cvt::v_pairs(vw[2][n / 4], vw[3][n / 4], n % 4, b89);
-        mma_16816<Tc>(acc_o[0][n], a_p[0][0], b01[0], b89[0]);
-        mma_16816<Tc>(acc_o[0][n + 1], a_p[0][0], b01[1], b89[1]);
+      for (int m = 0; m < K::kMT; ++m) {  // dims dim_of(m, 0), dim_of(m, 1): bytes 2m, 2m + 1
+        uint32_t lo[2], hi[2];           // keys 2t, 2t+1 and 2t+8, 2t+9
+        Cvt::v_pairs(vw[0][m / 2], vw[1][m / 2], 2 * (m % 2), lo);
+        Cvt::v_pairs(vw[2][m / 2], vw[3][m / 2], 2 * (m % 2), hi);
+        const uint32_t av[4] = {lo[0], lo[1], hi[0], hi[1]};
+        mma_16816<Tc>(acc_o[m], av, pb0, pb1);
       }
     }
     __syncwarp();  // every lane is done with this stage before it is loaded again
@@ -420,44 +434,43 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
   // fp32 partial and LSE).
   cp_async_wait<0>();
   __syncthreads();
-  constexpr int kStride = K::kCombineStride;
+  constexpr int kStride = K::kCombineStride, kR = K::kRows;
   float* red_o = reinterpret_cast<float*>(smem);
-  float* red_m = red_o + K::kNWarps * 16 * kStride;
-  float* red_l = red_m + K::kNWarps * 16;
+  float* red_m = red_o + K::kNWarps * kR * kStride;
+  float* red_l = red_m + K::kNWarps * kR;
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const float l = quad_sum(row_sum[ri]);
-    if (t == 0) red_m[warp * 16 + g + 8 * ri] = row_max[ri], red_l[warp * 16 + g + 8 * ri] = l;
+  for (int ci = 0; ci < 2; ++ci) {
+    const float l = col_sum(row_sum[ci]);
+    if (g == 0) red_m[warp * kR + 2 * t + ci] = row_max[ci], red_l[warp * kR + 2 * t + ci] = l;
   }
   __syncthreads();
+  float f[2];
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int r = g + 8 * ri;
+  for (int ci = 0; ci < 2; ++ci) {
+    const int c = 2 * t + ci;
     float m_all = -INFINITY, l_all = 0.f;
 #pragma unroll
-    for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * 16 + r]);
+    for (int w = 0; w < K::kNWarps; ++w) m_all = fmaxf(m_all, red_m[w * kR + c]);
 #pragma unroll
-    for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * 16 + r] * softmax_rescale(red_m[w * 16 + r], m_all);
-    const float f = softmax_rescale(row_max[ri], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt::kExp : 0) * head_v;
-    const int row = r0 + r;
-    if (warp == 0 && t == 0 && row < r1) {  // the tile row's LSE, once
+    for (int w = 0; w < K::kNWarps; ++w) l_all += red_l[w * kR + c] * softmax_rescale(red_m[w * kR + c], m_all);
+    f[ci] = softmax_rescale(row_max[ci], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt::kExp : 0) * head_v;
+    const int row = r0 + c;
+    if (warp == 0 && g == 0 && row < r1) {  // the tile row's LSE, once
       const int64_t idx = ((int64_t)b * p.num_heads_q + hk * group + row % group) * p.seqlen_q + row / group;
       if (num_splits > 1)
         lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all, l_all);
       else if (p.lse != nullptr)
         p.lse[idx] = softmax_lse(m_all, l_all);
     }
-#pragma unroll
-    for (int n = 0; n < kDT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = K::kQuant ? (2 * t + e) * (D / 8) + n : n * 8 + 2 * t + e;
-        red_o[(warp * 16 + r) * kStride + c] = acc_o[0][n][2 * ri + e] * f;
-      }
   }
+#pragma unroll
+  for (int m = 0; m < K::kMT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      red_o[(warp * kR + 2 * t + e % 2) * kStride + dim_of(m, e / 2)] = acc_o[m][e] * f[e % 2];
   __syncthreads();
   const bool split_out = num_splits > 1;
-  for (int idx = tid; idx < 16 * (D / 8); idx += K::kThreads) {
+  for (int idx = tid; idx < kR * (D / 8); idx += K::kThreads) {
     const int r = idx / (D / 8), c = (idx % (D / 8)) * 8, row = r0 + r;
     if (row >= r1 || c >= d) continue;
     float o[8];
@@ -466,7 +479,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
 #pragma unroll
     for (int w = 0; w < K::kNWarps; ++w)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] += red_o[(w * 16 + r) * kStride + c + e];
+      for (int e = 0; e < 8; ++e) o[e] += red_o[(w * kR + r) * kStride + c + e];
     const int i = row / group, h = hk * group + row % group;
     if (split_out) {
       float* dst = o_part + ((((int64_t)split * p.batch + b) * p.num_heads_q + h) * p.seqlen_q + i) * d + c;
@@ -491,7 +504,7 @@ namespace cuda {
 
 template <class Traits>
 void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, float* lse_part, cudaStream_t stream) {
-  const dim3 grid(num_splits, p.num_heads_k * DecodeWork::m_tiles(p), p.batch);
+  const dim3 grid(num_splits, p.num_heads_k * DecodeWork::m_tiles(p, Traits::kRows), p.batch);
   auto kernel = decode_kernel<Traits>;
   set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, o_part, lse_part, num_splits);

@@ -165,5 +165,18 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Column reductions over the eight lanes that share t = l % 4: an accumulator column's
+// rows g (and g + 8, which the caller folds in first).
+__device__ __forceinline__ float col_max(float x) {
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float col_sum(float x) {
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 }  // namespace cuda
 }  // namespace fmha

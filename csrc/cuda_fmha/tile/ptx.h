@@ -59,6 +59,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// The transpose of an 8x8 b16 matrix held as mma fragments (lane l: row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1), in the same layout.  sm_75 and newer.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulators.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
