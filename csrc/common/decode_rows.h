@@ -99,8 +99,21 @@ FMHA_DEVICE void decode_append_row(const fmha_decode_params& p, int64_t item, in
   }
 }
 
+// 16 bytes of fp32, for the combine's vector loads (CUDA's and HIP's float4 differ).
+struct alignas(16) Float4 {
+  float x, y, z, w;
+};
+
+// Lane groups per output row of the split combine: up to 8, about two splits each (one
+// group per row when there are two, so that a block then combines several rows).
+FMHA_HOST_DEVICE int decode_combine_parts(int splits) {
+  int parts = 1;
+  while (parts < 8 && 2 * parts < splits) parts *= 2;
+  return parts;
+}
+
 // The split-KV combine of output row `row` = (b, h, i) in LSE order (B, Hq, Sq), by
-// `parts` lane groups of one block (decode_combine_parts): o_part is (splits, B, Hq, Sq, head_dim) fp32, each row
+// `parts` lane groups of one block: o_part is (splits, B, Hq, Sq, head_dim) fp32, each row
 // normalized over its split; lse_part is (splits, B, Hq, Sq).  Group `part` adds splits
 // part, part + parts, ... weighted by their share of the row's softmax sum into red
 // (head_dim floats in shared memory) and returns the row's LSE; after a block barrier,
@@ -109,18 +122,6 @@ FMHA_DEVICE void decode_append_row(const fmha_decode_params& p, int64_t item, in
 // matrix-unit paths, the only ones that split).  Spread over parts because the compiler
 // keeps about two of one lane's row loads in flight, whatever the unrolling: one group per
 // row took 0.3 us per split on an H200 (16 us at 43 splits).
-struct alignas(16) Float4 {
-  float x, y, z, w;
-};
-
-// Lane groups per output row: up to 8, about two splits each (one group per row when
-// there are two, so that a block then combines several rows).
-FMHA_HOST_DEVICE int decode_combine_parts(int splits) {
-  int parts = 1;
-  while (parts < 8 && 2 * parts < splits) parts *= 2;
-  return parts;
-}
-
 template <class G>
 FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* o_part, const float* lse_part,
                                       int splits, int64_t row, int part, int parts, int lane, float* red) {
