@@ -9,7 +9,7 @@ import torch
 import fmha
 from conftest import (DTYPES, FULL, GRAD_TOL, assert_all_finite, assert_close,
                       check_backward, dtype_id, flash_call, leaf, op_call, poison_memory,
-                      poisoned_outputs, randn)
+                      poisoned_outputs, randn, varlen_call)
 from reference import attention_ref, attention_ref_grads
 
 
@@ -221,6 +221,42 @@ def test_deterministic_is_bitwise_reproducible(device, dtype, deterministic):
     second = _grads(device, fn, (q, k, v), dout)
     for name, a, b in zip(("dq", "dk", "dv"), first, second):
         assert torch.equal(a, b), f"{name} differs between two runs of the same backward"
+
+
+class _ShiftedWorkspace:
+    """fmha._C with the backward's workspace handed over 4 bytes past a 256-byte boundary,
+    as a C caller may: the sm90 kernel then adds dQ with atomics (its sm80-89 path) instead
+    of bulk reductions, which need 16-byte alignment."""
+
+    def __init__(self, C):
+        self._C = C
+
+    def __getattr__(self, name):
+        return getattr(self._C, name)
+
+    def bwd_workspace_size(self, p):
+        return self._C.bwd_workspace_size(p) + 4
+
+    def bwd(self, p, stream):
+        p.workspace, p.workspace_size = p.workspace + 4, p.workspace_size - 4
+        return self._C.bwd(p, stream)
+
+
+# Varlen packs the rows so that a query block's accumulator rows start at every offset
+# modulo 4 (the accumulator's column swizzle follows the row), and head dims cover every
+# padded size the swizzle permutes within.
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+def test_unaligned_workspace(device, d, monkeypatch):
+    if device == "cpu":
+        pytest.skip("the CPU backward takes no dQ accumulator")
+    import fmha.ops
+    monkeypatch.setattr(fmha.ops, "_C", _ShiftedWorkspace(fmha.ops._C))
+    lens = [0, 70, 1, 133, 5]
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    total, h = int(cu[-1]), 3
+    q, k, v = (randn(total, h, d, dtype=torch.bfloat16) for _ in range(3))
+    check_backward(device, q, k, v, varlen_call(cu, cu, max(lens), max(lens), causal=True),
+                   dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu))
 
 
 def _assert_same(got, want, device, dtype, what):

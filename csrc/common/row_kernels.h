@@ -43,12 +43,13 @@ struct LaneRow {
   static constexpr int kElems = FMHA_MAX_HEAD_DIM / G::kWidth;  // head-dim elements per lane
   float v[kElems];
 
+  // Element e is read at off + (e ^ swizzle) (the dQ accumulator's layout).
   template <class T>
-  FMHA_DEVICE void load(const void* base, int64_t off, int d, int lane) {
+  FMHA_DEVICE void load(const void* base, int64_t off, int d, int lane, int swizzle = 0) {
 #pragma unroll
     for (int c = 0; c < kElems; ++c) {
       const int e = lane + G::kWidth * c;
-      v[c] = e < d ? G::template load<T>(base, off + e) : 0.f;
+      v[c] = e < d ? G::template load<T>(base, off + (e ^ swizzle)) : 0.f;
     }
   }
   template <class T>
@@ -254,7 +255,8 @@ FMHA_DEVICE void row_dq_convert(const fmha_bwd_params& p, const float* dq_accum,
                              : (row / pr.seqlen_q) * p.dq.batch_stride + (row % pr.seqlen_q) * p.dq.row_stride +
                                    (int64_t)h * p.dq.head_stride;
   LaneRow<G> acc;
-  acc.template load<float>(dq_accum, dq_accum_index_of_row(pr, row, h, head_dim_padded), pr.head_dim, lane);
+  const int64_t index = dq_accum_index_of_row(pr, row, h, head_dim_padded);
+  acc.template load<float>(dq_accum, index, pr.head_dim, lane, dq_accum_swizzle(index / head_dim_padded));
   acc.template store<T>(p.dq.data, off, pr.head_dim, lane, pr.scale);
 }
 

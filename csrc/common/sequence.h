@@ -75,6 +75,13 @@ FMHA_HOST_DEVICE int64_t dq_accum_index(const fmha_problem& p, const Sequence& s
                                         int head_dim) {
   return s.lse_index(p, i, h) * head_dim;
 }
+// Column c of accumulator row `lse_index` lies at c ^ dq_accum_swizzle(lse_index): four
+// consecutive rows hold their 8-float chunks in four different orders.  The sm90 kernel
+// stages a query block's dQ in shared memory in this layout, which the bulk reduction
+// copies out unchanged; a warp's fragment store covers four rows at the same columns, and
+// with a row stride of head_dim floats (a multiple of 128 bytes) those would share their
+// banks (a 4-way conflict).  Needs the padded head_dim to be a multiple of 32.
+FMHA_HOST_DEVICE int dq_accum_swizzle(int64_t lse_index) { return ((int)lse_index & 3) << 3; }
 // The same for packed row `row` of q (varlen: the row of the packed tensor; fixed length:
 // b * Sq + i), for kernels that walk rows without their sequence.
 FMHA_HOST_DEVICE int64_t dq_accum_index_of_row(const fmha_problem& p, int64_t row, int32_t h, int head_dim) {

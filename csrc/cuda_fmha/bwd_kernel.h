@@ -291,12 +291,14 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
       gemm<kBlockN, false, true, TileP, TileKV, K::kMT_Q, K::kNT_Q, T>(acc_dq, a_ds, q_row0, kQRowStride, bt_k,
                                                                       q_col0);
       if (bulk_dq) {
-        // Row-major fp32 [kBlockM][D], as in the accumulator.
+        // [kBlockM][D] in the accumulator's layout, swizzle included: this thread's rows
+        // differ by multiples of 4 (kQRowStride, 8), so they share one swizzle.
+        const int swizzle = dq_accum_swizzle(seq.lse_index(pr, m0, h) + q_row0 + g);
 #pragma unroll
         for (int m = 0; m < K::kMT_Q; ++m)
 #pragma unroll
           for (int n = 0; n < K::kNT_Q; ++n) {
-            float* dst = sdQ + (q_row0 + m * kQRowStride + g) * D + q_col0 + n * 8 + 2 * (lane % 4);
+            float* dst = sdQ + (q_row0 + m * kQRowStride + g) * D + ((q_col0 + n * 8 + 2 * (lane % 4)) ^ swizzle);
             *reinterpret_cast<float2*>(dst) = make_float2(acc_dq[m][n][0], acc_dq[m][n][1]);
             *reinterpret_cast<float2*>(dst + 8 * D) = make_float2(acc_dq[m][n][2], acc_dq[m][n][3]);
           }
@@ -310,13 +312,15 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
           for (int r = 0; r < 2; ++r) {
             const int i = m0 + q_row0 + m * kQRowStride + g + 8 * r;
             if (i >= seq.len_q) continue;
-            float* row = dq_accum + dq_accum_index(pr, seq, i, h, D);
+            const int64_t index = seq.lse_index(pr, i, h);
+            float* row = dq_accum + index * D;
+            const int swizzle = dq_accum_swizzle(index);
 #pragma unroll
             for (int n = 0; n < K::kNT_Q; ++n) {
               const int c = q_col0 + n * 8 + 2 * (lane % 4);
               if (c < d) {
-                atomicAdd(row + c, acc_dq[m][n][2 * r]);
-                atomicAdd(row + c + 1, acc_dq[m][n][2 * r + 1]);
+                atomicAdd(row + (c ^ swizzle), acc_dq[m][n][2 * r]);
+                atomicAdd(row + (c ^ swizzle) + 1, acc_dq[m][n][2 * r + 1]);
               }
             }
           }

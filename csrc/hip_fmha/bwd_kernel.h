@@ -225,11 +225,13 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const fmha_bwd_params 
         for (int e = 0; e < Mfma<N>::kRegs; ++e) {
           const int i = m0 + dq_row0 + m * N + acc_row<N>(e, lane);
           if (i >= seq.len_q) continue;
-          float* row = dq_accum + dq_accum_index(pr, seq, i, h, D);
+          const int64_t index = seq.lse_index(pr, i, h);
+          float* row = dq_accum + index * D;
+          const int swizzle = dq_accum_swizzle(index);
 #pragma unroll
           for (int n = 0; n < K::kDqCols / N; ++n) {
             const int c = dq_col0 + n * N + lane_index<N>(lane);
-            if (c < d) atomic_add(row + c, acc_dq[m][n][e]);
+            if (c < d) atomic_add(row + (c ^ swizzle), acc_dq[m][n][e]);
           }
         }
     }
