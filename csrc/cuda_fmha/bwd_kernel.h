@@ -283,6 +283,13 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
                                                                     ldsm_bt<TileQ>(sdOs, lane), kv_col0);
     gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, kv_row0, kKVRowStride,
                                                                     ldsm_bt<TileQ>(sQs, lane), kv_col0);
+    // One stage: the next query block's loads start once every warp is done with Q and dO,
+    // so that they land while dQ is computed and stored.
+    if (kStages == 1 && it + 1 < n_iters) {
+      __syncthreads();
+      issue(it + 1, nxt);
+      cp_async_commit();
+    }
 
     // dQ += dS K into the fp32 workspace (scaled by the postprocess kernel).
     if (dq_mode != DqMode::kNone) {
@@ -325,11 +332,6 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
             }
           }
       }
-    }
-    if (kStages == 1 && it + 1 < n_iters) {
-      __syncthreads();  // every warp is done with this stage
-      issue(it + 1, nxt);
-      cp_async_commit();
     }
     prev = cur;
     cur = nxt;
