@@ -215,9 +215,10 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
 
   const auto b_k = ldsm_b<TileKV>(sK, lane);
   const auto b_v = ldsm_b<TileKV>(sV, lane);
-  const auto bt_k = ldsm_bt<TileKV>(sK, lane);
-  const auto at_p = ldsm_at<TileP>(sP, lane);
-  const auto at_ds = ldsm_at<TileP>(sdS, lane);
+  // Patterns that walk columns take the warp's first column as their origin (LdsmAddr).
+  const auto bt_k = ldsm_bt<TileKV>(sK, lane, q_col0);
+  const auto at_p = ldsm_at<TileP>(sP, lane, kv_row0);
+  const auto at_ds = ldsm_at<TileP>(sdS, lane, kv_row0);
   const auto a_ds = ldsm_a<TileP>(sdS, lane);
 
   float acc_dk[K::kMT_KV][K::kNT_KV][4], acc_dv[K::kMT_KV][K::kNT_KV][4];
@@ -279,10 +280,10 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
     __syncthreads();
 
     // dV += dropout(P)^T dO, dK += dS^T Q (scaled at the end).
-    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dv, at_p, kv_row0, kKVRowStride,
-                                                                    ldsm_bt<TileQ>(sdOs, lane), kv_col0);
-    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, kv_row0, kKVRowStride,
-                                                                    ldsm_bt<TileQ>(sQs, lane), kv_col0);
+    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dv, at_p, 0, kKVRowStride,
+                                                                    ldsm_bt<TileQ>(sdOs, lane, kv_col0), 0);
+    gemm<kBlockM, true, true, TileP, TileQ, K::kMT_KV, K::kNT_KV, T>(acc_dk, at_ds, 0, kKVRowStride,
+                                                                    ldsm_bt<TileQ>(sQs, lane, kv_col0), 0);
     // One stage: the next query block's loads start once every warp is done with Q and dO,
     // so that they land while dQ is computed and stored.
     if (kStages == 1 && it + 1 < n_iters) {
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant_
       float acc_dq[K::kMT_Q][K::kNT_Q][4];
       clear(acc_dq);
       gemm<kBlockN, false, true, TileP, TileKV, K::kMT_Q, K::kNT_Q, T>(acc_dq, a_ds, q_row0, kQRowStride, bt_k,
-                                                                      q_col0);
+                                                                      0);
       if (bulk_dq) {
         // [kBlockM][D] in the accumulator's layout, swizzle included: this thread's rows
         // differ by multiples of 4 (kQRowStride, 8), so they share one swizzle.

@@ -23,17 +23,26 @@ namespace cuda {
 // The lane's row offset lives in those four offsets and `base` is the tile's address, the
 // same in every lane, so tiles of one width read with one pattern share the offsets
 // (fewer live registers: the backward's spills fell from 164 to 140 bytes).
+//
+// Columns are relative to c_origin (a multiple of 16, e.g. a warp's first column), folded
+// into the offsets here: then c0 is a compile-time constant in the unrolled products and so
+// is the offset index.  (An index that depends on the warp puts the offsets in local
+// memory, one load per ldmatrix: the backward's dK/dV and dQ products did that.)
 template <class Tile>
 struct LdsmAddr {
   uint32_t base;
   uint32_t xor_off[4];
 
-  __device__ __forceinline__ LdsmAddr(const void* tile, int row_bit, int chunk_bit, int lane) {
+  __device__ __forceinline__ LdsmAddr(const void* tile, int row_bit, int chunk_bit, int lane, int c_origin = 0) {
     const int r = lane % 8 + 8 * row_bit;
-    base = smem_addr(tile);
+    const int co = c_origin / 8;  // even
+    base = smem_addr(tile) + (co & ~7) * 16;
     const int z = chunk_bit ^ Tile::swizzle(r);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xor_off[j] = r * Tile::kColsC * 2 + ((2 * j) ^ z) * 16;
+    for (int j = 0; j < 4; ++j) {
+      const int c = (co & 7) + 2 * j;  // the chunk past base, below 16
+      xor_off[j] = r * Tile::kColsC * 2 + ((c & ~7) + ((c & 7) ^ z)) * 16;
+    }
   }
   __device__ __forceinline__ uint32_t operator()(int r0, int c0) const {
     const int kc = c0 / 8;
@@ -51,16 +60,16 @@ __device__ __forceinline__ LdsmAddr<Tile> ldsm_a(const void* s, int lane) {
   return LdsmAddr<Tile>(s, (lane / 8) % 2, lane / 16, lane);
 }
 template <class Tile>
-__device__ __forceinline__ LdsmAddr<Tile> ldsm_at(const void* s, int lane) {
-  return LdsmAddr<Tile>(s, lane / 16, (lane / 8) % 2, lane);
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_at(const void* s, int lane, int c_origin = 0) {
+  return LdsmAddr<Tile>(s, lane / 16, (lane / 8) % 2, lane, c_origin);
 }
 template <class Tile>
 __device__ __forceinline__ LdsmAddr<Tile> ldsm_b(const void* s, int lane) {
   return LdsmAddr<Tile>(s, lane / 16, (lane / 8) % 2, lane);
 }
 template <class Tile>
-__device__ __forceinline__ LdsmAddr<Tile> ldsm_bt(const void* s, int lane) {
-  return LdsmAddr<Tile>(s, (lane / 8) % 2, lane / 16, lane);
+__device__ __forceinline__ LdsmAddr<Tile> ldsm_bt(const void* s, int lane, int c_origin = 0) {
+  return LdsmAddr<Tile>(s, (lane / 8) % 2, lane / 16, lane, c_origin);
 }
 
 template <int MT, int NT>
