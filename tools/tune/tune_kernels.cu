@@ -131,7 +131,8 @@ void bwd(const char* name, const Shape& s, Buffers& buf) {
 int main() {
   const std::vector<Shape> shapes = {{16, 1024, 16, 128, false}, {4, 4096, 16, 128, false}, {4, 4096, 16, 128, true},
                                      {32, 512, 16, 128, true},   {16, 1024, 32, 64, false},  {4, 4096, 32, 64, false},
-                                     {32, 512, 32, 64, true},    {4, 4096, 8, 256, false},   {32, 512, 8, 256, true}};
+                                     {32, 512, 32, 64, true},    {4, 4096, 8, 256, false},   {32, 512, 8, 256, true},
+                                     {16, 1024, 16, 96, false},  {4, 4096, 16, 96, false},   {4, 4096, 16, 96, true}};
   const size_t max_elems = (size_t)4 * 4096 * 32 * 64;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
@@ -142,25 +143,34 @@ int main() {
   check_cuda(cudaMalloc(&buf.delta, max_elems / 64 * 4), "cudaMalloc");
   check_cuda(cudaMalloc(&buf.dq_accum, max_elems * 4), "cudaMalloc");
   cudaMemset(buf.delta, 0, max_elems / 64 * 4);
-  // TUNE_D (64, 128 or 256) builds one head dim's candidates only, so that three builds
+  // TUNE_D (64, 96, 128 or 256) builds one head dim's candidates only, so that several builds
   // can run side by side.
   for (const Shape& s : shapes) {
 #if !defined(TUNE_D) || TUNE_D == 128
     FWD(128, 128, 64, 4);
+    FWD(128, 128, 48, 4);
     // The forward leaves this shape's LSE in buf.lse for the backward.
     BWD(128, 64, 128, 2);
     BWD(128, 64, 128, 1);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 4);
+    FWD(64, 128, 96, 4);
+    FWD(64, 128, 64, 4);
     BWD(64, 128, 128, 2);
     BWD(64, 64, 128, 2);
     BWD(64, 128, 64, 2);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 64, 64, 4);
+    FWD(256, 64, 48, 4);
+    FWD(256, 64, 32, 4);
     BWD(256, 32, 64, 2);
     BWD(256, 64, 64, 1);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 96
+    FWD(96, 128, 64, 4);
+    FWD(96, 128, 48, 4);
 #endif
   }
   return 0;
