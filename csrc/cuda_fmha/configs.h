@@ -16,8 +16,8 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 template <int D>
 struct FwdTile;  // kBlockM, kBlockN, kNWarps
 template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
-template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
-template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
+template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4; };
 template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4; };
 template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
 template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4; };
