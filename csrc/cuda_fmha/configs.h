@@ -27,7 +27,7 @@ struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
 template <> struct BwdTile<32> { static constexpr int kM = 128, kN = 128, kStages = 2; };
 template <> struct BwdTile<64> { static constexpr int kM = 128, kN = 128, kStages = 2; };
 template <> struct BwdTile<96> { static constexpr int kM = 64, kN = 128, kStages = 2; };
-template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStages = 2; };
+template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStages = 1; };
 template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 

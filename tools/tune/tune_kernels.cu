@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cuda_fmha/bwd_kernel.h"
@@ -108,7 +109,7 @@ void fwd(const char* name, const Shape& s, Buffers& buf) {
 
 template <class K>
 void bwd(const char* name, const Shape& s, Buffers& buf) {
-  if (K::kHeadDim != s.D) return;
+  if (K::kHeadDim != s.D || std::getenv("TUNE_FWD_ONLY") != nullptr) return;
   fmha_bwd_params p{};
   p.struct_size = sizeof(p);
   p.device = FMHA_DEVICE_CUDA;
@@ -129,10 +130,11 @@ void bwd(const char* name, const Shape& s, Buffers& buf) {
 #define BWD(D, M, N, ST) bwd<BwdTraits<T, D, M, N, ST, false, false>>("bwd " #M "x" #N " st" #ST, s, buf)
 
 int main() {
-  const std::vector<Shape> shapes = {{16, 1024, 16, 128, false}, {4, 4096, 16, 128, false}, {4, 4096, 16, 128, true},
-                                     {32, 512, 16, 128, true},   {16, 1024, 32, 64, false},  {4, 4096, 32, 64, false},
-                                     {32, 512, 32, 64, true},    {4, 4096, 8, 256, false},   {32, 512, 8, 256, true},
-                                     {16, 1024, 16, 96, false},  {4, 4096, 16, 96, false},   {4, 4096, 16, 96, true}};
+  const std::vector<Shape> shapes = {
+      {32, 512, 16, 128, false}, {16, 1024, 16, 128, false}, {4, 4096, 16, 128, false}, {4, 4096, 16, 128, true},
+      {32, 512, 16, 128, true},  {32, 512, 32, 64, false},   {16, 1024, 32, 64, false}, {4, 4096, 32, 64, false},
+      {32, 512, 32, 64, true},   {32, 512, 8, 256, false},   {4, 4096, 8, 256, false},  {32, 512, 8, 256, true},
+      {16, 1024, 16, 96, false}, {4, 4096, 16, 96, false},   {4, 4096, 16, 96, true}};
   const size_t max_elems = (size_t)4 * 4096 * 32 * 64;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
@@ -149,6 +151,7 @@ int main() {
 #if !defined(TUNE_D) || TUNE_D == 128
     FWD(128, 128, 64, 4);
     FWD(128, 128, 48, 4);
+    FWD(128, 128, 32, 4);
     // The forward leaves this shape's LSE in buf.lse for the backward.
     BWD(128, 64, 128, 2);
     BWD(128, 64, 128, 1);
@@ -158,19 +161,21 @@ int main() {
     FWD(64, 128, 96, 4);
     FWD(64, 128, 64, 4);
     BWD(64, 128, 128, 2);
+    BWD(64, 128, 128, 1);
     BWD(64, 64, 128, 2);
-    BWD(64, 128, 64, 2);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 64, 64, 4);
-    FWD(256, 64, 48, 4);
-    FWD(256, 64, 32, 4);
+    FWD(256, 128, 64, 8);
+    FWD(256, 128, 32, 8);
     BWD(256, 32, 64, 2);
     BWD(256, 64, 64, 1);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 96
     FWD(96, 128, 64, 4);
     FWD(96, 128, 48, 4);
+    BWD(96, 64, 128, 2);
+    BWD(96, 64, 128, 1);
 #endif
   }
   return 0;
