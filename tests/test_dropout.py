@@ -72,7 +72,16 @@ FIXED_CASES = [
                          ids=[f"sq{c[0]}-sk{c[1]}-hq{c[2]}-hk{c[3]}-{dtype_id(c[4])}-p{c[5]}"
                               + "".join(f"-{o}" for o in c[6]) for c in FIXED_CASES])
 def test_exact_mask_fixed(device, sq, sk, hq, hk, dtype, p, options, seed, offset):
-    B, D = 2, 32
+    _check_exact_mask(device, 2, 32, sq, sk, hq, hk, dtype, p, options, seed, offset)
+
+
+def test_exact_mask_long_keys(device):
+    # D = 64 from 1024 keys up runs the CUDA forward's second key block (kFwdLongKeys,
+    # csrc/cuda_fmha/configs.h); 1100 keys are off both block sizes.
+    _check_exact_mask(device, 1, 64, 40, 1100, 2, 1, torch.bfloat16, 0.2, dict(causal=True), 1234, 5)
+
+
+def _check_exact_mask(device, B, D, sq, sk, hq, hk, dtype, p, options, seed, offset):
     q, k, v = (randn(B, sq, hq, D, dtype=dtype), randn(B, sk, hk, D, dtype=dtype),
                randn(B, sk, hk, D, dtype=dtype))
     dout = randn(B, sq, hq, D, dtype=dtype)

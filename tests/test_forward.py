@@ -167,6 +167,17 @@ def test_long_sequence(device, dtype, causal):
     check_forward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
 
 
+# D = 64 (and head dims padded to it) switches to a second key block from 1024 keys up on
+# CUDA (kFwdLongKeys, csrc/cuda_fmha/configs.h): both sides of the switch, lengths off both
+# block sizes, GQA.
+@pytest.mark.parametrize("sk", [1023, 1024, 1100])
+@pytest.mark.parametrize("d", [40, 64])
+def test_long_key_block(device, d, sk):
+    q, k, v = qkv(1, 200, sk, 4, 2, d, torch.bfloat16)
+    for causal in (False, True):
+        check_forward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
+
+
 @pytest.mark.parametrize("magnitude", [30.0, 300.0])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_large_magnitude(device, dtype, magnitude):

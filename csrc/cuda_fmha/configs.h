@@ -13,14 +13,18 @@ namespace cuda {
 // Head dimensions with kernels; others run padded to the next one (multiple of 8 first).
 constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
+// kNLong is the key block from kFwdLongKeys keys up.  It differs only at D = 64: blocks of 96
+// are 4-9% faster from 1k keys up, but at 512 keys the sixth block is two-thirds padding
+// and 64 wins (tune_kernels, docs/tuning.md).
 template <int D>
-struct FwdTile;  // kBlockM, kBlockN, kNWarps
-template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4; };
-template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4; };
-template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4; };
-template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4; };
-template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8; };
-template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4; };
+struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
+template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4, kNLong = 96; };
+template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; };
+template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; };
+constexpr int kFwdLongKeys = 1024;  // seqlen_k (max_seqlen_k for varlen)
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
@@ -31,8 +35,9 @@ template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStage
 template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 
-template <class T, int D, bool kDropout>
-using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
+template <class T, int D, bool kDropout, bool kLong = false>
+using FwdConfig =
+    FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

@@ -81,12 +81,20 @@ int64_t q_rows(const fmha_problem& p) {
 }
 int64_t lse_elems(const fmha_problem& p) { return q_rows(p) * p.num_heads_q; }
 
-template <class T, int D>
+template <class T, int D, bool kLong>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   if (p.problem.dropout_p > 0.f)
-    run_fwd<FwdConfig<T, D, true>>(p, s);
+    run_fwd<FwdConfig<T, D, true, kLong>>(p, s);
   else
-    run_fwd<FwdConfig<T, D, false>>(p, s);
+    run_fwd<FwdConfig<T, D, false, kLong>>(p, s);
+}
+
+template <class T, int D>
+void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  if constexpr (FwdTile<D>::kNLong != FwdTile<D>::kN) {
+    if (p.problem.seqlen_k >= kFwdLongKeys) return fwd_instance<T, D, true>(p, s);
+  }
+  fwd_instance<T, D, false>(p, s);
 }
 
 template <class T>

@@ -17,11 +17,13 @@ extern template void run_bwd_dq<BwdDqConfig<__half, 32, true, false>>(const fmha
 extern template void run_bwd<BwdConfig<__half, 32, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 32, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 64, false>>(const fmha_fwd_params&, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 64, false, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 64, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 64, false, false>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 64, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 64, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 64, true>>(const fmha_fwd_params&, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 64, true, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 64, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 64, true, false>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -77,11 +79,13 @@ extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 32, true, false>>(con
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 32, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 32, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 64, false>>(const fmha_fwd_params&, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 64, false, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 64, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 64, false, false>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 64, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 64, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 64, true>>(const fmha_fwd_params&, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 64, true, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 64, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 64, true, false>>(const fmha_bwd_params&, const float*, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
