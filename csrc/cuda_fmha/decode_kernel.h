@@ -308,14 +308,18 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     const int j0 = (my_begin + warp + K::kNWarps * it) * 16 - seq.leftpad;  // key of the block's first row
 
     // S^T = K q^T for the block's 16 keys: element e is key g + 8 (e / 2), q column 2t + e % 2.
-    float s[1][1][4] = {};
+    // The k-steps go round kChains accumulators: one accumulator would make the block's
+    // critical path a chain of D / 16 dependent mmas, which the few warps per scheduler of
+    // an 8-bit cache could not hide (Nsight Compute: 'wait' the top stall at D = 128).
+    constexpr int kChains = D / 16 >= 8 ? 4 : 2;
+    float sc[kChains][4] = {};
     if constexpr (!K::kQuant) {
       const auto a_k = ldsm_a<TileKV>(st, lane);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t ak[4];
         ldmatrix_x4(ak, a_k(0, kk * 16));
-        mma_16816<T>(s[0][0], ak, qf[kk][0], qf[kk][1]);
+        mma_16816<T>(sc[kk % kChains], ak, qf[kk][0], qf[kk][1]);
       }
     } else {
       const uint16_t* sK = reinterpret_cast<const uint16_t*>(st);
@@ -333,8 +337,16 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
         Cvt::k_pairs(kw[0][kk], lo);
         Cvt::k_pairs(kw[1][kk], hi);
         const uint32_t ak[4] = {lo[0], hi[0], lo[1], hi[1]};
-        mma_16816<Tc>(s[0][0], ak, qf[kk][0], qf[kk][1]);
+        mma_16816<Tc>(sc[kk % kChains], ak, qf[kk][0], qf[kk][1]);
       }
+    }
+    float s[1][1][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[0][e];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) x += sc[c][e];
+      s[0][0][e] = x;
     }
 
     // Per-token scales of 8-bit caches: keys g and g + 8.
