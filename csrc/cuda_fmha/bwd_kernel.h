@@ -29,11 +29,14 @@ namespace cuda {
 // forward: softcap's gradient needs tanh(s / softcap) kept in registers across the dP
 // product, and the plain instance, free of both passes and of the slope load, needs fewer
 // registers where the backward is short of them.
-template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDropout_, bool kScoreMod_>
+// kSmallSmem: the tile for GPUs with 99 KB of shared memory per block (sm86/89/120), whose
+// kernel body is compiled only for architectures that can need it (bwd_kernel).
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDropout_, bool kScoreMod_,
+          bool kSmallSmem_ = false>
 struct BwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_;
+  static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_, kSmallSmem = kSmallSmem_;
   static constexpr int kNWarps = 8, kThreads = 256;
   // Warp grids: S and dP are (kBlockM x kBlockN) on 2 x 4 warps; dK and dV (kBlockN x D) on
   // kWM_KV x kWN_KV; dQ (kBlockM x D) on kWM_Q x kWN_Q; an even number of 8-column blocks
@@ -114,8 +117,8 @@ __device__ __forceinline__ void make_ds(float (&p)[MT][NT][4], float (&dp)[MT][N
 }
 
 template <class K>
-__global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant__ fmha_bwd_params p, float* dq_accum,
-                                                          const float* delta_ws, DqMode dq_mode) {
+__device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_accum, const float* delta_ws,
+                                          DqMode dq_mode) {
   using T = typename K::T;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
   using TileQ = typename K::TileQ;
@@ -461,6 +464,26 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const __grid_consta
   store_acc<TileQ>(sQ, acc_dq, row0, 0, 0, lane);
   __syncthreads();
   copy_q.store(static_cast<T*>(p.dq.data) + seq.q_offset(p.dq, m0, h), p.dq.row_stride, sQ, m1 - m0, d);
+}
+
+// Architectures whose blocks get at least 163 KB of shared memory never run the 99 KB tiles
+// (the dispatch picks them by the device's limit), so their bodies are left out there:
+// machine code is built per architecture, without PTX, and the wheel stays small.
+#if defined(__CUDA_ARCH__) && !defined(FMHA_SMALL_SMEM_BWD_EVERYWHERE) &&                              \
+    (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || \
+     __CUDA_ARCH__ == 1030)
+#define FMHA_SKIP_SMALL_SMEM_BWD 1
+#else
+#define FMHA_SKIP_SMALL_SMEM_BWD 0
+#endif
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant__ fmha_bwd_params p, float* dq_accum,
+                                                          const float* delta_ws, DqMode dq_mode) {
+  if constexpr (K::kSmallSmem && FMHA_SKIP_SMALL_SMEM_BWD)
+    __trap();
+  else
+    bwd_block<K>(p, dq_accum, delta_ws, dq_mode);
 }
 
 template <class Traits>

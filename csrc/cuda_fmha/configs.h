@@ -35,12 +35,25 @@ template <> struct BwdTile<128> { static constexpr int kM = 64, kN = 128, kStage
 template <> struct BwdTile<192> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 template <> struct BwdTile<256> { static constexpr int kM = 64, kN = 64, kStages = 1; };
 
+// Backward tiles for GPUs with 99 KB of shared memory per block (sm86/89/120), where the
+// tiles above do not fit: one Q/dO stage and smaller blocks, 80 KB at most.  D = 256 has
+// none (32 x 64 would need 104 KB); its backward needs sm80/sm90-class shared memory.
+template <int D>
+struct BwdSmallTile { static constexpr int kM = 64, kN = 64, kStages = 1; };
+template <> struct BwdSmallTile<192> { static constexpr int kM = 32, kN = 64, kStages = 1; };
+template <int D>
+constexpr bool kHasSmallBwd = D <= 192;
+
 template <class T, int D, bool kDropout, bool kLong = false>
 using FwdConfig =
     FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;
+
+template <class T, int D, bool kDropout, bool kScoreMod>
+using BwdSmallConfig = BwdTraits<T, D, BwdSmallTile<D>::kM, BwdSmallTile<D>::kN, BwdSmallTile<D>::kStages, kDropout,
+                                 kScoreMod, true>;
 
 // Decode: head dims 64, 128, 256 (others run with zero-filled columns); the tile and ring
 // depth follow from the head dim and cache kind (decode_kernel.h).

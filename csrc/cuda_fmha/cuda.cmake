@@ -17,6 +17,9 @@ set_target_properties(fmha PROPERTIES
   CUDA_STANDARD_REQUIRED ON
   CUDA_RUNTIME_LIBRARY Static)
 target_compile_definitions(fmha PRIVATE FMHA_WITH_CUDA "FMHA_CUDA_ARCH_LIST=\"${_fmha_cuda_arch_names}\"")
+if(FMHA_SMALL_SMEM_BWD_EVERYWHERE)
+  target_compile_definitions(fmha PRIVATE FMHA_SMALL_SMEM_BWD_EVERYWHERE)
+endif()
 # --use_fast_math: ex2/tanh approximations and flush-to-zero, as the kernels intend.
 target_compile_options(fmha PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--use_fast_math -Xptxas=-warn-spills>)
 # Static cudart: libfmha loads on a machine with only the driver and our wheel.

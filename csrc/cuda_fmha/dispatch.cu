@@ -34,6 +34,18 @@ int device_cc_major() {
   return m;
 }
 
+int device_smem_optin() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> bytes[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < kMaxDevices && bytes[device] > 0) return bytes[device];
+  int b = 0;
+  check_cuda(cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  if (device < kMaxDevices) bytes[device] = b;
+  return b;
+}
+
 void set_max_smem(const void* kernel, int bytes) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;
@@ -41,11 +53,10 @@ void set_max_smem(const void* kernel, int bytes) {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::lock_guard<std::mutex> lock(mutex);
   if (done.count({kernel, device})) return;
-  int limit = 0;
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  const int limit = device_smem_optin();
   if (bytes > limit)
-    FMHA_UNSUPPORTED("this kernel needs %d KB of shared memory per block, but the GPU allows %d KB; smaller "
-                     "tiles for this GPU are not built yet (use a head dimension <= 128)",
+    FMHA_UNSUPPORTED("this kernel needs %d KB of shared memory per block, but the GPU allows %d KB (on 99 KB "
+                     "GPUs the backward runs head dims up to 192, decode with 16-bit caches up to 128)",
                      bytes / 1024, limit / 1024);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -109,9 +120,26 @@ void fwd_tensor_core(const fmha_fwd_params& p, cudaStream_t s) {
   }
 }
 
+// The 99 KB tiles where the device cannot hold the regular ones (or everywhere, in a build
+// with FMHA_SMALL_SMEM_BWD_EVERYWHERE, which is how they are tested on an H200).
+template <class Big>
+bool use_small_bwd() {
+#ifdef FMHA_SMALL_SMEM_BWD_EVERYWHERE
+  return true;
+#else
+  return device_smem_optin() < Big::kSmemBytes + (device_cc_major() >= 9 ? Big::kDqSmemBytes : 0);
+#endif
+}
+
 template <class T, int D, bool kDropout, bool kScoreMod>
 void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
-  run_bwd<BwdConfig<T, D, kDropout, kScoreMod>>(p, dq_accum, delta, !p.deterministic, s);
+  using Big = BwdConfig<T, D, kDropout, kScoreMod>;
+  bool small = false;
+  if constexpr (kHasSmallBwd<D>) {
+    small = use_small_bwd<Big>();
+    if (small) run_bwd<BwdSmallConfig<T, D, kDropout, kScoreMod>>(p, dq_accum, delta, !p.deterministic, s);
+  }
+  if (!small) run_bwd<Big>(p, dq_accum, delta, !p.deterministic, s);
   if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, kDropout, kScoreMod>>(p, delta, s);
 }
 

@@ -16,7 +16,11 @@ void check_cuda(cudaError_t err, const char* what);
 // Compute capability major version of the current device (cached per device).
 int device_cc_major();
 
-// Allows a kernel more than 48 KB of dynamic shared memory (once per kernel and device).
+// Shared memory a block of the current device may opt in to, in bytes (cached per device).
+int device_smem_optin();
+
+// Allows a kernel more than 48 KB of dynamic shared memory (once per kernel and device);
+// throws NOT_SUPPORTED, naming both sizes, when the device has less.
 void set_max_smem(const void* kernel, int bytes);
 
 // Throws NOT_SUPPORTED unless t (of elem_bytes elements) is 16-byte aligned with every stride,

@@ -155,6 +155,7 @@ int main() {
     // The forward leaves this shape's LSE in buf.lse for the backward.
     BWD(128, 64, 128, 2);
     BWD(128, 64, 128, 1);
+    BWD(128, 64, 64, 1);  // the 99 KB tile (BwdSmallTile)
 #endif
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 4);
@@ -162,6 +163,7 @@ int main() {
     FWD(64, 128, 64, 4);
     BWD(64, 128, 128, 2);
     BWD(64, 128, 128, 1);
+    BWD(64, 64, 64, 1);  // the 99 KB tile (BwdSmallTile)
     BWD(64, 64, 128, 2);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
