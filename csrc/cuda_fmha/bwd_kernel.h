@@ -466,12 +466,12 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const __grid_consta
   copy_q.store(static_cast<T*>(p.dq.data) + seq.q_offset(p.dq, m0, h), p.dq.row_stride, sQ, m1 - m0, d);
 }
 
-// Architectures whose blocks get at least 163 KB of shared memory never run the 99 KB tiles
-// (the dispatch picks them by the device's limit), so their bodies are left out there:
-// machine code is built per architecture, without PTX, and the wheel stays small.
-#if defined(__CUDA_ARCH__) && !defined(FMHA_SMALL_SMEM_BWD_EVERYWHERE) &&                              \
-    (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || \
-     __CUDA_ARCH__ == 1030)
+// Architectures whose blocks get at least 163 KB of shared memory (A100, H100/H200, B200)
+// never run the 99 KB tiles (the dispatch picks them by the device's limit), so their
+// bodies are left out there: machine code is built per architecture, without PTX, and the
+// build and wheel stay small.  Every other architecture compiles them.
+#if defined(__CUDA_ARCH__) && !defined(FMHA_SMALL_SMEM_BWD_EVERYWHERE) && \
+    (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
 #define FMHA_SKIP_SMALL_SMEM_BWD 1
 #else
 #define FMHA_SKIP_SMALL_SMEM_BWD 0

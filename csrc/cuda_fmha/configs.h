@@ -63,5 +63,17 @@ using DecodeConfig = DecodeTraits<T, kCache, D>;
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kScoreMod>;
 
+// sm86/89/120 let a block opt in to 101376 bytes (99 KB); the sm90-only dQ block is not
+// added there.  The deterministic dQ kernel's tiles fit as they are.
+constexpr int kSmallSmemLimit = 101376;
+static_assert(BwdSmallConfig<__half, 32, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdSmallConfig<__half, 64, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdSmallConfig<__half, 96, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdSmallConfig<__half, 128, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdSmallConfig<__half, 192, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdDqConfig<__half, 128, true, true>::kSmemBytes <= kSmallSmemLimit &&
+                  BwdDqConfig<__half, 192, true, true>::kSmemBytes <= kSmallSmemLimit,
+              "the backward's 99 KB tiles must fit 99 KB");
+
 }  // namespace cuda
 }  // namespace fmha

@@ -308,9 +308,9 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     const int j0 = (my_begin + warp + K::kNWarps * it) * 16 - seq.leftpad;  // key of the block's first row
 
     // S^T = K q^T for the block's 16 keys: element e is key g + 8 (e / 2), q column 2t + e % 2.
-    // The k-steps go round kChains accumulators: one accumulator would make the block's
-    // critical path a chain of D / 16 dependent mmas, which the few warps per scheduler of
-    // an 8-bit cache could not hide (Nsight Compute: 'wait' the top stall at D = 128).
+    // The k-steps go round kChains accumulators rather than one chain of D / 16 dependent
+    // mmas: with about 3 warps per scheduler, fixed-latency waits were the 8-bit kernel's
+    // top stall (Nsight Compute, D = 128).  The benchmark moved within its noise.
     constexpr int kChains = D / 16 >= 8 ? 4 : 2;
     float sc[kChains][4] = {};
     if constexpr (!K::kQuant) {
