@@ -1,8 +1,11 @@
 // Times candidate tile configurations of the forward and backward kernels on one GPU, on
 // the benchmark's shapes, without going through the library's dispatch.  Build and run on
-// the GPU machine (see tools/tune/README.md):
-//   nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -Icsrc -Icsrc/include \
-//        tools/tune/tune_kernels.cu -o /tmp/tune && /tmp/tune
+// the GPU machine:
+//   nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 [-DTUNE_D=128] -Icsrc -Icsrc/include \
+//        tools/tune/tune_kernels.cu -o /tmp/tune && [TUNE_FWD_ONLY=1] /tmp/tune
+// TUNE_D builds one head dim's candidates (64, 96, 128 or 256); TUNE_FWD_ONLY skips the
+// backward.  To compare two trees, build this file against each (-I<tree>/csrc first) in
+// the same call and run the binaries one after the other (docs/tuning.md).
 // Numbers only compare configurations with each other; the benchmark (python -m fmha.bench)
 // is what compares fmha with its peers.
 #include <cuda_runtime.h>
