@@ -22,29 +22,22 @@ void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, cudaGetErrorString(err)));
 }
 
-int device_cc_major() {
+// An attribute of the current device, read once per device (both used here are positive).
+template <cudaDeviceAttr kAttr>
+int device_attribute() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> major[kMaxDevices] = {};
+  static std::atomic<int> known[kMaxDevices] = {};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < kMaxDevices && major[device] > 0) return major[device];
-  int m = 0;
-  check_cuda(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  if (device < kMaxDevices) major[device] = m;
-  return m;
+  if (device < kMaxDevices && known[device] > 0) return known[device];
+  int value = 0;
+  check_cuda(cudaDeviceGetAttribute(&value, kAttr, device), "cudaDeviceGetAttribute");
+  if (device < kMaxDevices) known[device] = value;
+  return value;
 }
 
-int device_smem_optin() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> bytes[kMaxDevices] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < kMaxDevices && bytes[device] > 0) return bytes[device];
-  int b = 0;
-  check_cuda(cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  if (device < kMaxDevices) bytes[device] = b;
-  return b;
-}
+int device_cc_major() { return device_attribute<cudaDevAttrComputeCapabilityMajor>(); }
+int device_smem_optin() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
 
 void set_max_smem(const void* kernel, int bytes) {
   static std::mutex mutex;
