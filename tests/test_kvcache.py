@@ -311,6 +311,32 @@ def test_fp8_cache_bf16_query_range(device, q_mul):
     assert_lse_close(lse, ref_lse, 1e-4)
 
 
+@pytest.mark.parametrize("qdtype,scaling", [(torch.float8_e4m3fn, "token"), (torch.int8, "head")],
+                         ids=["fp8_token", "int8_head"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mods", ["plain", "softcap_alibi"])
+@pytest.mark.parametrize("num_splits", [1, 2, 7])
+def test_quantized_cache_block_counts(device, qdtype, scaling, d, mods, num_splits):
+    """8-bit caches: the GPU kernel deals a split's 16-row cache blocks round its warps (12
+    in the wide kernel of sm90/sm100, 4 otherwise), so in short splits most warps get none
+    and the rest uneven counts; idle warps must merge as empty, also with softcap and ALiBi.
+    The lengths give every block count from 1 to 9; split counts 2 and 7 cut them unevenly."""
+    hq, hk = 4, 2
+    lengths = [1, 16, 17, 33, 49, 80, 96, 112, 113, 130]
+    B, capacity = len(lengths), 144
+    q = randn(B, 1, hq, d, dtype=torch.bfloat16)
+    k, ks = fmha.quantize_kv_cache(randn(B, capacity, hk, d, dtype=torch.bfloat16), qdtype, scaling)
+    v, vs = fmha.quantize_kv_cache(randn(B, capacity, hk, d, dtype=torch.bfloat16), qdtype, scaling)
+    softcap, slopes = (5.0, torch.rand(hq) * 0.2) if mods == "softcap_alibi" else (0.0, None)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
+    out, lse, _ = kvcache_call(device, q, k, v, cache_seqlens=cache_seqlens, k_scale=ks, v_scale=vs,
+                               softcap=softcap, alibi_slopes=slopes, num_splits=num_splits)
+    ref_out, ref_lse = expected_outputs(q, Cache(k, v, None, None, ks, vs), cache_seqlens, 0, None, None, False,
+                                        (-1, -1), softcap, slopes, d ** -0.5)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_lse_close(lse, ref_lse, 1e-4)
+
+
 @pytest.mark.parametrize("cache_kind", ["plain", "fp8", "int8_token_large", "fp8_token_large"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)

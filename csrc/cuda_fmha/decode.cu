@@ -41,11 +41,27 @@ void with_types(const fmha_decode_params& p, F&& f) {
   return with_elem<float>(p, f);
 }
 
+// Whether p runs the wide 8-bit kernel (DecodeWideConfig): 8-bit cache, D <= 128, and a
+// device that lets a block opt in to its shared memory (sm90, sm100; not sm80 or 99 KB parts).
+bool use_wide(const fmha_decode_params& p) {
+  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  if (!quant || p.head_dim > 128) return false;
+  const int need = p.head_dim <= 64 ? DecodeWideConfig<__half, CacheKind::kFp8, 64>::kSmemBytes
+                                    : DecodeWideConfig<__half, CacheKind::kFp8, 128>::kSmemBytes;
+  return device_smem_optin() >= need;
+}
+
 // f(DecodeConfig{}) of the tensor-core kernel for p (fp16/bf16 queries).
+template <class T, CacheKind C, int D, class F>
+void with_width(const fmha_decode_params& p, F&& f) {
+  if constexpr (C != CacheKind::kPlain && D <= 128)
+    if (use_wide(p)) return f(DecodeWideConfig<T, C, D>{});
+  return f(DecodeConfig<T, C, D>{});
+}
 template <class T, CacheKind C, class F>
 void with_dim(const fmha_decode_params& p, F&& f) {
-  if (p.head_dim <= 64) return f(DecodeConfig<T, C, 64>{});
-  if (p.head_dim <= 128) return f(DecodeConfig<T, C, 128>{});
+  if (p.head_dim <= 64) return with_width<T, C, 64>(p, f);
+  if (p.head_dim <= 128) return with_width<T, C, 128>(p, f);
   return f(DecodeConfig<T, C, 256>{});
 }
 template <class T, class F>
@@ -76,14 +92,14 @@ int sm_count() {
 
 // A wave of the cache stream: one CTA per SM keeps a contiguous 16-bit cache at the copy
 // rate; paged caches (a page lookup per block) want two, 8-bit caches at D <= 128 (more
-// instructions per byte) three (DecodeTraits::kMinBlocks), and 8-bit splits keep at least
-// 16 blocks (a 4-stage ring per warp; 8 otherwise).  Measured on an H200
+// instructions per byte) three 4-warp CTAs or one 12-warp CTA (DecodeTraits::kMinBlocks,
+// kWide), and 8-bit splits keep at least 16 blocks (8 otherwise).  Measured on an H200
 // (tools/tune/decode_splits.py, docs/tuning.md): contiguous B = 1, L = 8k ran at 1.43 TB/s
 // with one per SM against 1.23 with two, paged-16 B = 1, L = 128k at 3.75 TB/s with two
 // against 2.85 with one, and fp8 B = 8, L = 32k at 3.3 TB/s with three against 1.8 with one.
 DecodePlan plan(const fmha_decode_params& p) {
   const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
-  const int per_sm = quant ? (p.head_dim <= 128 ? 3 : 2) : p.block_table != nullptr ? 2 : 1;
+  const int per_sm = quant ? (p.head_dim <= 128 ? (use_wide(p) ? 1 : 3) : 2) : p.block_table != nullptr ? 2 : 1;
   return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows), (int64_t)sm_count() * per_sm,
                           quant ? 16 : 8);
 }

@@ -7,8 +7,8 @@
 // it; a 16-row m side would be three-quarters padding), the keys and head dims its 16-row
 // m side, and P^T's fragments are S^T's two 8x8 halves transposed in registers
 // (movmatrix).  The cache range the tile can see is cut into
-// 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its four
-// warps take every fourth block each.  Each warp streams its blocks through its own ring of
+// 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its
+// kNWarps warps take every kNWarps-th block each.  Each warp streams its blocks through its own ring of
 // shared-memory stages with cp.async and no block-wide barrier, keeping its own online
 // softmax; the warps merge by LSE at the end, and splits are merged by a second kernel
 // (decode_combine_kernel) from fp32 partials.
@@ -51,13 +51,21 @@ namespace cuda {
 // rows are the mma's 8-wide n side and the keys and head dims its 16-row m side.
 constexpr int kDecodeRows = 8;
 
-template <class T_, CacheKind kCache_, int kHeadDim_>
+// kWide: the 8-bit caches' kernel at D <= 128 for GPUs whose blocks may opt in to about
+// 200 KB of shared memory (sm90, sm100): one CTA of 12 warps per SM rather than three of 4.
+// The same warps stream the same bytes, but a third as many splits are three times as long,
+// so each CTA's fixed costs (q, ring fill, warp merge, partial write) and the split merge
+// shrink: on an H200, fp8 at B = 1, L = 128k went 78.9 -> 75.5 us and B = 16, L = 4k
+// 45.2 -> 40.3 us (docs/tuning.md).
+template <class T_, CacheKind kCache_, int kHeadDim_, bool kWide_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr CacheKind kCache = kCache_;
   static constexpr bool kQuant = kCache != CacheKind::kPlain;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kNWarps = 4, kThreads = 32 * kNWarps;
+  static constexpr bool kWide = kWide_;
+  static_assert(!kWide || (kQuant && kHeadDim <= 128), "the wide kernel is for 8-bit caches at D <= 128");
+  static constexpr int kNWarps = kWide ? 12 : 4, kThreads = 32 * kNWarps;
   static constexpr int kRows = kDecodeRows;
   static constexpr int kMT = kHeadDim / 16;  // 16-dim m-tiles of O^T
   static_assert(kHeadDim % 64 == 0, "decode head dims are 64, 128, 256");
@@ -68,9 +76,10 @@ struct DecodeTraits {
   static constexpr int kStageBytes = 2 * TileKV::kBytes + kScaleBytes;
   // CTAs per SM the kernel is built for (registers) and sized for (shared memory): the 8-bit
   // paths spend more instructions per byte, so they want more warps to hide latency.
-  static constexpr int kMinBlocks = kQuant && kHeadDim <= 128 ? 3 : 2;
-  // About 200 KB of stages per SM on sm80/sm90 (one CTA on 99 KB parts).
-  static constexpr int kStagesRaw = (kMinBlocks == 3 ? 68 : 96) * 1024 / (kNWarps * kStageBytes);
+  static constexpr int kMinBlocks = kWide ? 1 : kQuant && kHeadDim <= 128 ? 3 : 2;
+  // About 200 KB of stages per SM on sm80/sm90 (one CTA on 99 KB parts, where the wide
+  // kernel does not fit and is not used).
+  static constexpr int kStagesRaw = (kWide ? 198 : kMinBlocks == 3 ? 68 : 96) * 1024 / (kNWarps * kStageBytes);
   static constexpr int kStages = kStagesRaw < 2 ? 2 : kStagesRaw > 6 ? 6 : kStagesRaw;
   static constexpr int kRingBytes = kNWarps * kStages * kStageBytes;
   static constexpr int kCombineStride = kHeadDim + 4;  // fp32 row stride of the warp merge
@@ -81,8 +90,8 @@ struct DecodeTraits {
 };
 
 template <class K>
-__global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
-    decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
+__device__ __forceinline__ void decode_block(const fmha_decode_params& p, float* o_part, float* lse_part,
+                                             int num_splits) {
   using T = typename K::T;
   using TileQ = typename K::TileQ;
   using TileKV = typename K::TileKV;
@@ -442,7 +451,7 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     __syncwarp();  // every lane is done with this stage before it is loaded again
   }
 
-  // 4. Merge the four warps by LSE through shared memory, then write out (or the split's
+  // 4. Merge the warps by LSE through shared memory, then write out (or the split's
   // fp32 partial and LSE).
   cp_async_wait<0>();
   __syncthreads();
@@ -504,6 +513,24 @@ __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
           make_uint4(pack2<T>(o[0], o[1]), pack2<T>(o[2], o[3]), pack2<T>(o[4], o[5]), pack2<T>(o[6], o[7]));
     }
   }
+}
+
+// The wide kernel needs more shared memory than sm80 (163 KB) and the 99 KB parts (sm86,
+// sm89, sm120) let a block have, so the dispatch never picks it there and its body is left
+// out of their machine code (smaller build and wheel).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || __CUDA_ARCH__ >= 1200)
+#define FMHA_SKIP_WIDE_DECODE 1
+#else
+#define FMHA_SKIP_WIDE_DECODE 0
+#endif
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
+    decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
+  if constexpr (K::kWide && FMHA_SKIP_WIDE_DECODE)
+    __trap();
+  else
+    decode_block<K>(p, o_part, lse_part, num_splits);
 }
 
 }  // namespace cuda

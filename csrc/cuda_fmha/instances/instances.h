@@ -174,19 +174,27 @@ extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 64>>(con
 extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__half, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__half, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__half, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__half, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__half, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kPlain, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__nv_bfloat16, CacheKind::kFp8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__nv_bfloat16, CacheKind::kFp8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kFp8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__nv_bfloat16, CacheKind::kInt8, 64>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
+extern template void run_decode<DecodeWideConfig<__nv_bfloat16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 }  // namespace cuda
 }  // namespace fmha
