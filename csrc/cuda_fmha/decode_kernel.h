@@ -8,9 +8,9 @@
 // m side, and P^T's fragments are S^T's two 8x8 halves transposed in registers
 // (movmatrix).  The cache range the tile can see is cut into
 // 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its
-// kNWarps warps take every kNWarps-th block each.  Each warp streams its blocks through its own ring of
-// shared-memory stages with cp.async and no block-wide barrier, keeping its own online
-// softmax; the warps merge by LSE at the end, and splits are merged by a second kernel
+// kNWarps warps take every kNWarps-th block each.  Each warp streams its blocks through its
+// own ring of shared-memory stages with cp.async and no block-wide barrier, keeping its own
+// online softmax; the warps merge by LSE at the end, and splits are merged by a second kernel
 // (decode_combine_kernel) from fp32 partials.
 //
 // Positions, not keys, are tiled: blocks start at multiples of 16 in the cache, so a block
@@ -515,10 +515,12 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
   }
 }
 
-// The wide kernel needs more shared memory than sm80 (163 KB) and the 99 KB parts (sm86,
-// sm89, sm120) let a block have, so the dispatch never picks it there and its body is left
-// out of their machine code (smaller build and wheel).
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || __CUDA_ARCH__ >= 1200)
+// The wide kernel needs more shared memory than sm80/sm87 (163 KB) and the 99 KB parts
+// (sm86, sm89, sm120, sm121) let a block have, so the dispatch never picks it there and its
+// body is left out of their machine code (smaller build and wheel).  Any architecture not
+// listed compiles it.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || \
+                               __CUDA_ARCH__ == 890 || __CUDA_ARCH__ == 1200 || __CUDA_ARCH__ == 1210)
 #define FMHA_SKIP_WIDE_DECODE 1
 #else
 #define FMHA_SKIP_WIDE_DECODE 0
