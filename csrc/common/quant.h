@@ -14,6 +14,11 @@ namespace fmha {
 constexpr float kFp8E4M3Max = 448.f;
 constexpr float kInt8Max = 127.f;
 
+// Whether a decode call's KV cache holds 8-bit elements (fp8 e4m3 or int8, with scales).
+FMHA_HOST_DEVICE bool quantized_cache(const fmha_decode_params& p) {
+  return p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+}
+
 FMHA_HOST_DEVICE float fp8_e4m3_to_float(uint8_t x) {
   const int sign = x >> 7, exp = (x >> 3) & 0xF, mant = x & 0x7;
   if (exp == 0xF && mant == 0x7) return NAN;

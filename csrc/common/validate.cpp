@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "error.h"
+#include "quant.h"
 
 namespace fmha {
 
@@ -133,7 +134,7 @@ void validate(const fmha_decode_params& p) {
   check_heads(p.batch, p.num_heads_q, p.num_heads_k, p.head_dim);
   check_scores(p.scale, p.softcap, p.window_left, p.window_right, p.alibi_batch_stride);
   FMHA_REQUIRE(p.seqlen_q >= 0, "seqlen_q must be >= 0 (got %d)", p.seqlen_q);
-  const bool quantized = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  const bool quantized = quantized_cache(p);
   FMHA_REQUIRE(p.cache_dtype == p.dtype || quantized,
                "cache_dtype %d must equal dtype (%d) or be FMHA_DTYPE_FLOAT8_E4M3 / FMHA_DTYPE_INT8", (int)p.cache_dtype,
                (int)p.dtype);

@@ -17,16 +17,12 @@ namespace cpu {
 
 namespace {
 
-bool quantized(const fmha_decode_params& p) {
-  return p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
-}
-
 // Cache row (pos, hk) as fp32, scaled back if quantized.
 void load_cache_row(const fmha_decode_params& p, const CacheView& cv, const fmha_tensor& t, const float* scales,
                     int32_t pos, int32_t hk, float* dst) {
   const int D = p.head_dim;
   const int64_t off = cv.offset(t, pos, hk);
-  if (!quantized(p)) return load_row(p.dtype, t.data, off, D, dst);
+  if (!quantized_cache(p)) return load_row(p.dtype, t.data, off, D, dst);
   const float s = scales[cv.scale_index(pos, hk)];
   if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) {
     const uint8_t* src = static_cast<const uint8_t*>(t.data) + off;
@@ -42,7 +38,7 @@ void store_cache_row(const fmha_decode_params& p, const CacheView& cv, const fmh
                      int32_t pos, int32_t hk, const float* src) {
   const int D = p.head_dim;
   const int64_t off = cv.offset(t, pos, hk);
-  if (!quantized(p)) return store_row(p.dtype, t.data, off, D, src);
+  if (!quantized_cache(p)) return store_row(p.dtype, t.data, off, D, src);
   float s;
   if (p.scaling == FMHA_SCALE_PER_TOKEN) {
     float amax = 0.f;

@@ -10,6 +10,7 @@
 #include "../common/backend.h"
 #include "../common/decode_plan.h"
 #include "../common/error.h"
+#include "../common/quant.h"
 #include "decode_rowwise.h"
 #include "instances/instances.h"
 #include "launch.h"
@@ -44,8 +45,7 @@ void with_types(const fmha_decode_params& p, F&& f) {
 // Whether p runs the wide 8-bit kernel (DecodeWideConfig): 8-bit cache, D <= 128, and a
 // device that lets a block opt in to its shared memory (sm90, sm100; not sm80 or 99 KB parts).
 bool use_wide(const fmha_decode_params& p) {
-  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
-  if (!quant || p.head_dim > 128) return false;
+  if (!quantized_cache(p) || p.head_dim > 128) return false;
   const int need = p.head_dim <= 64 ? DecodeWideConfig<__half, CacheKind::kFp8, 64>::kSmemBytes
                                     : DecodeWideConfig<__half, CacheKind::kFp8, 128>::kSmemBytes;
   return device_smem_optin() >= need;
@@ -96,9 +96,10 @@ int sm_count() {
 // kWide), and 8-bit splits keep at least 16 blocks (8 otherwise).  Measured on an H200
 // (tools/tune/decode_splits.py, docs/tuning.md): contiguous B = 1, L = 8k ran at 1.43 TB/s
 // with one per SM against 1.23 with two, paged-16 B = 1, L = 128k at 3.75 TB/s with two
-// against 2.85 with one, and fp8 B = 8, L = 32k at 3.3 TB/s with three against 1.8 with one.
+// against 2.85 with one, and fp8 B = 8, L = 32k at 3.3 TB/s with three 4-warp CTAs against
+// 1.8 with one (the wide kernel: docs/tuning.md, "The wide 8-bit kernel").
 DecodePlan plan(const fmha_decode_params& p) {
-  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  const bool quant = quantized_cache(p);
   const int per_sm = quant ? (p.head_dim <= 128 ? (use_wide(p) ? 1 : 3) : 2) : p.block_table != nullptr ? 2 : 1;
   return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows), (int64_t)sm_count() * per_sm,
                           quant ? 16 : 8);
@@ -116,7 +117,7 @@ size_t decode_workspace_size(const fmha_decode_params& p) {
 void decode(const fmha_decode_params& p, void* stream) {
   if (p.batch == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  const bool quant = quantized_cache(p);
   if (p.dtype != FMHA_DTYPE_FLOAT32) {
     check_vector_layout(p.q, "q", p.head_dim, 2);
     check_vector_layout(p.out, "out", p.head_dim, 2);

@@ -55,8 +55,8 @@ constexpr int kDecodeRows = 8;
 // 200 KB of shared memory (sm90, sm100): one CTA of 12 warps per SM rather than three of 4.
 // The same warps stream the same bytes, but a third as many splits are three times as long,
 // so each CTA's fixed costs (q, ring fill, warp merge, partial write) and the split merge
-// shrink: on an H200, fp8 at B = 1, L = 128k went 78.9 -> 75.5 us and B = 16, L = 4k
-// 45.2 -> 40.3 us (docs/tuning.md).
+// shrink: on an H200 (two calls), fp8 at B = 1, L = 128k went 78.9 -> 75.5 us and B = 16,
+// L = 4k 45.2 -> 40.3 us (docs/tuning.md).
 template <class T_, CacheKind kCache_, int kHeadDim_, bool kWide_ = false>
 struct DecodeTraits {
   using T = T_;

@@ -13,6 +13,7 @@
 #include "../common/backend.h"
 #include "../common/decode_plan.h"
 #include "../common/error.h"
+#include "../common/quant.h"
 #include "decode_rowwise.h"
 #include "instances/instances.h"
 #include "launch.h"
@@ -96,7 +97,7 @@ size_t decode_workspace_size(const fmha_decode_params& p) {
 void decode(const fmha_decode_params& p, void* stream) {
   if (p.batch == 0) return;
   hipStream_t s = static_cast<hipStream_t>(stream);
-  const bool quant = p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3 || p.cache_dtype == FMHA_DTYPE_INT8;
+  const bool quant = quantized_cache(p);
   if (p.dtype != FMHA_DTYPE_FLOAT32) {
     check_vector_layout(p.q, "q", p.head_dim);
     check_vector_layout(p.out, "out", p.head_dim);
