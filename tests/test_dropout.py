@@ -76,9 +76,16 @@ def test_exact_mask_fixed(device, sq, sk, hq, hk, dtype, p, options, seed, offse
 
 
 def test_exact_mask_long_keys(device):
-    # D = 64 from 1024 keys up runs the CUDA forward's second key block (kFwdLongKeys,
-    # csrc/cuda_fmha/configs.h); 1100 keys are off both block sizes.
+    # D = 64 from 1024 keys up under a causal mask runs the CUDA forward's second key block
+    # (kFwdLongKeys, csrc/cuda_fmha/configs.h); 1100 keys are off both block sizes.
     _check_exact_mask(device, 1, 64, 40, 1100, 2, 1, torch.bfloat16, 0.2, dict(causal=True), 1234, 5)
+
+
+@pytest.mark.parametrize("sk", [112, 128])
+def test_exact_mask_partial_first_block(device, sk):
+    # D = 128's 48-key blocks: the CUDA forward's first block has 16 or 32 live keys and is
+    # computed at a third or two thirds of its width (fwd_kernel.h).
+    _check_exact_mask(device, 1, 128, 40, sk, 2, 1, torch.bfloat16, 0.2, dict(causal=True), 1234, 5)
 
 
 def _check_exact_mask(device, B, D, sq, sk, hq, hk, dtype, p, options, seed, offset):

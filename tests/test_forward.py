@@ -167,15 +167,27 @@ def test_long_sequence(device, dtype, causal):
     check_forward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
 
 
-# D = 64 (and head dims padded to it) switches to a second key block from 1024 keys up on
-# CUDA (kFwdLongKeys, csrc/cuda_fmha/configs.h): both sides of the switch, lengths off both
-# block sizes, GQA.
-@pytest.mark.parametrize("sk", [1023, 1024, 1100])
+# D = 64 (and head dims padded to it) switches to a second key block on CUDA from 512 keys
+# without a mask and 1024 with one (kFwdLongKeys, csrc/cuda_fmha/configs.h): both sides of
+# both switches, lengths off both block sizes, GQA.
+@pytest.mark.parametrize("sk", [511, 512, 600, 1023, 1024, 1100])
 @pytest.mark.parametrize("d", [40, 64])
 def test_long_key_block(device, d, sk):
     q, k, v = qkv(1, 200, sk, 4, 2, d, torch.bfloat16)
     for causal in (False, True):
         check_forward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
+
+
+# The CUDA forward visits the last key block first and, where the block width divides in
+# three (48 keys at D = 96 and 128, 96 at D = 64 from 512 keys), computes only the live
+# third or two thirds of it (fwd_kernel.h).  Lengths with 16, 17, 32, 33 and 48 live keys
+# in that block; causal and windowed masks move the block's end per query tile.
+@pytest.mark.parametrize("sk", [112, 113, 128, 129, 144])
+@pytest.mark.parametrize("d", [96, 128])
+def test_partial_first_key_block(device, d, sk):
+    q, k, v = qkv(1, 150, sk, 4, 2, d, torch.bfloat16)
+    for options in (dict(), dict(causal=True), dict(window_size=(40, 7))):
+        check_forward(device, q, k, v, flash_call(**options), options)
 
 
 @pytest.mark.parametrize("magnitude", [30.0, 300.0])

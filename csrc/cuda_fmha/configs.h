@@ -13,9 +13,11 @@ namespace cuda {
 // Head dimensions with kernels; others run padded to the next one (multiple of 8 first).
 constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
-// kNLong is the key block from kFwdLongKeys keys up.  It differs only at D = 64: blocks of 96
-// are 4-9% faster from 1k keys up, but at 512 keys the sixth block is two-thirds padding
-// and 64 wins (tune_kernels, docs/tuning.md).
+// kNLong is the key block for query tiles that see kFwdLongKeys keys or more (dispatch.cu
+// counts seqlen_k without a mask, half of it with one).  It differs only at D = 64: blocks of
+// 96 are 3-11% faster from 512 unmasked keys up (their last block's padding is skipped,
+// fwd_kernel.h), but under a causal mask at 512 keys, where tiles see 128-512 keys, 64 wins
+// by 7% (tune_kernels, docs/tuning.md).
 template <int D>
 struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
 template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };
@@ -24,7 +26,7 @@ template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps 
 template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
 template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; };
 template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; };
-constexpr int kFwdLongKeys = 1024;  // seqlen_k (max_seqlen_k for varlen)
+constexpr int kFwdLongKeys = 512;
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages

@@ -13,6 +13,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "../common/dropout.h"
 #include "../common/sequence.h"
 #include "../common/softmax.h"
@@ -109,22 +111,16 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
   const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
   const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
 
-  for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
+  // One key block; only its first kNTb 8-key columns are computed (kNTb < kNT for a first
+  // block that is mostly padding, below).
+  auto step = [&](auto nt_tag, const int n_block) {
+    constexpr int kNTb = decltype(nt_tag)::value;
     const int n0 = n_block * kBlockN;
-    if (n_block == n_end - 1) {
-      cp_async_wait<1>();
-      __syncthreads();  // Q and K_j landed; V_j is in flight
-    } else {
-      cp_async_wait<0>();
-      __syncthreads();  // K_j landed; every warp is done with V_{j+1}
-      load_v(n_block);
-      cp_async_commit();
-    }
 
     // S = Q K^T, then scores in log2 units (Algorithm 1, line 9).
-    float acc_s[kMT][kNT][4];
+    float acc_s[kMT][kNTb][4];
     clear(acc_s);
-    gemm<K::kHeadDim, false, false, TileQ, TileKV, kMT, kNT, T>(acc_s, a_q, row0, kRowStride, b_k, 0);
+    gemm<K::kHeadDim, false, false, TileQ, TileKV, kMT, kNTb, T>(acc_s, a_q, row0, kRowStride, b_k, 0);
     score.apply(acc_s, m0 + row0, kRowStride, n0, lane, score.needs_mask(m0, m1, n0, kBlockN));
 
     cp_async_wait<0>();
@@ -141,14 +137,14 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
+        for (int n = 0; n < kNTb; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
         mx = fmaxf(row_max[m][r], quad_max(mx) * score.post_scale);
         const float rescale = softmax_rescale(row_max[m][r], mx);
         const float ref = softmax_ref_max(mx);
         row_max[m][r] = mx;
         float sum = 0.f;
 #pragma unroll
-        for (int n = 0; n < kNT; ++n)
+        for (int n = 0; n < kNTb; ++n)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
             acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -ref));
@@ -164,7 +160,7 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int n = 0; n < kNT; n += 2) {
+        for (int n = 0; n < kNTb; n += 2) {
           const int i = m0 + row0 + m * kRowStride + g, j = n0 + n * 8 + 2 * t;
           const U32x4 bits = drop.group_bits(bh, i, j);
 #pragma unroll
@@ -177,9 +173,39 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
     }
 
     // O += P V (line 12).
-    uint32_t a_p[kMT][kNT / 2][4];
+    uint32_t a_p[kMT][kNTb / 2][4];
     acc_to_a<T>(a_p, acc_s);
-    gemm_rs<TileKV, kMT, kNT / 2, kDT, T>(acc_o, a_p, bt_v, 0, 0);
+    gemm_rs<TileKV, kMT, kNTb / 2, kDT, T>(acc_o, a_p, bt_v, 0, 0);
+  };
+
+  // The first block visited (the last in key order) holds the keys up to key_end, often a
+  // fraction of a block: at D = 128's 48-key blocks, 512 keys leave 32 live in the eleventh
+  // and 1024 leave 16, 3% of the work in padding.  Blocks whose width divides in three run it
+  // on a third or two thirds of the width.
+  int n_block = n_end - 1;
+  if constexpr (kNT % 3 == 0) {
+    const int first_live = geom.key_end(m1) - n_block * kBlockN;
+    if (n_block >= n_begin && first_live <= 2 * kBlockN / 3) {
+      cp_async_wait<1>();
+      __syncthreads();  // Q and K_j landed; V_j is in flight
+      if (first_live <= kBlockN / 3)
+        step(std::integral_constant<int, kNT / 3>{}, n_block);
+      else
+        step(std::integral_constant<int, 2 * kNT / 3>{}, n_block);
+      --n_block;
+    }
+  }
+  for (; n_block >= n_begin; --n_block) {
+    if (n_block == n_end - 1) {
+      cp_async_wait<1>();
+      __syncthreads();  // Q and K_j landed; V_j is in flight
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();  // K_j landed; every warp is done with V_{j+1}
+      load_v(n_block);
+      cp_async_commit();
+    }
+    step(std::integral_constant<int, kNT>{}, n_block);
   }
 
   // Epilogue (lines 14-15): O / l, LSE; O goes out through shared memory in 16-byte rows.
