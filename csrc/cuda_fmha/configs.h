@@ -15,9 +15,9 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 // kNLong is the key block for query tiles that see kFwdLongKeys keys or more (dispatch.cu
 // counts seqlen_k without a mask, half of it with one).  It differs only at D = 64: blocks of
-// 96 are 3-11% faster from 512 unmasked keys up (their last block's padding is skipped,
+// 96 are 4-12% faster from 512 unmasked keys up (their last block's padding is skipped,
 // fwd_kernel.h), but under a causal mask at 512 keys, where tiles see 128-512 keys, 64 wins
-// by 7% (tune_kernels, docs/tuning.md).
+// by 8-10% (tune_kernels, docs/tuning.md).
 template <int D>
 struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
 template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };

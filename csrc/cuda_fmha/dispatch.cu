@@ -96,8 +96,8 @@ void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
 template <class T, int D>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   if constexpr (FwdTile<D>::kNLong != FwdTile<D>::kN) {
-    // Keys a query tile sees: seqlen_k (max_seqlen_k for varlen) without a mask; about half
-    // of it under a causal or windowed one.
+    // Keys a query tile sees, roughly: seqlen_k (max_seqlen_k for varlen) without a mask,
+    // half of it (the causal average) under a causal or windowed one.
     const fmha_problem& pr = p.problem;
     const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
     if ((masked ? pr.seqlen_k / 2 : pr.seqlen_k) >= kFwdLongKeys) return fwd_instance<T, D, true>(p, s);

@@ -134,10 +134,11 @@ void bwd(const char* name, const Shape& s, Buffers& buf) {
 
 int main() {
   const std::vector<Shape> shapes = {
-      {32, 512, 16, 128, false}, {16, 1024, 16, 128, false}, {4, 4096, 16, 128, false}, {4, 4096, 16, 128, true},
-      {32, 512, 16, 128, true},  {16, 1024, 16, 128, true}, {8, 2048, 16, 128, false}, {32, 512, 32, 64, false},   {16, 1024, 32, 64, false}, {8, 2048, 32, 64, false}, {4, 4096, 32, 64, false},
-      {32, 512, 32, 64, true},   {4, 4096, 32, 64, true},   {32, 512, 8, 256, false},   {4, 4096, 8, 256, false},  {32, 512, 8, 256, true}, {16, 1024, 8, 256, true},
-      {16, 1024, 16, 96, false}, {4, 4096, 16, 96, false},   {4, 4096, 16, 96, true}};
+      {32, 512, 16, 128, false}, {16, 1024, 16, 128, false}, {8, 2048, 16, 128, false}, {4, 4096, 16, 128, false},
+      {32, 512, 16, 128, true},  {16, 1024, 16, 128, true},  {4, 4096, 16, 128, true},  {32, 512, 32, 64, false},
+      {16, 1024, 32, 64, false}, {8, 2048, 32, 64, false},   {4, 4096, 32, 64, false},  {32, 512, 32, 64, true},
+      {4, 4096, 32, 64, true},   {32, 512, 8, 256, false},   {4, 4096, 8, 256, false},  {32, 512, 8, 256, true},
+      {16, 1024, 8, 256, true},  {16, 1024, 16, 96, false},  {4, 4096, 16, 96, false},  {4, 4096, 16, 96, true}};
   const size_t max_elems = (size_t)4 * 4096 * 32 * 64;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
