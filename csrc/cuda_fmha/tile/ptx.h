@@ -19,6 +19,18 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(src_bytes));
 }
+// 16-byte shared -> global copy through registers, the store predicated on `pred`: the
+// shared read always happens (its address must be inside the tile) and no branch is taken.
+__device__ __forceinline__ void copy_16_if(void* gmem, const void* smem, bool pred) {
+  uint32_t x0, x1, x2, x3;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+               : "r"(smem_addr(smem)));
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(gmem),
+      "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"((int)pred)
+      : "memory");
+}
 // 4-byte variant (through L1), for per-row scalars.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
