@@ -271,8 +271,8 @@ __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_ac
     make_ds<K::kDropout, K::kScoreMod>(acc_s, acc_dp, th, delta, drop,
                          (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h, m0 + s_row0, kSRowStride,
                          n0 + s_col0, lane);
-    store_acc<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
-    store_acc<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+    store_acc_in_loop<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
+    store_acc_in_loop<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // sdQ is free again after this barrier.  (The wait shares its scoreboard with cp.async,
     // so thread 0 also waits for the next stage's loads.  Measured slower: a second sdQ

@@ -27,6 +27,13 @@ struct SmemTile {
   __device__ __forceinline__ static int offset(int r, int c) {
     return r * kCols + (((c / 8) ^ swizzle(r)) * 8) + (c % 8);
   }
+  // The same for r, c >= 0, in unsigned arithmetic: masks and shifts, where the signed form
+  // needs a fix-up per division.  Used off the main loops, whose tuned code the signed form
+  // keeps as it is.
+  __device__ __forceinline__ static unsigned offset_unsigned(unsigned r, unsigned c) {
+    const unsigned swz = (kChunks % 8 == 0) ? r % 8 : (r / 2) % 4;
+    return r * kCols + (((c / 8) ^ swz) * 8) + (c % 8);
+  }
 };
 
 // The part of a tile one thread copies.  When kThreads is a multiple of the chunks per row
@@ -82,24 +89,24 @@ struct TileCopy {
 #pragma unroll
       for (int it = 0; it < Tile::kRowsC / kRowStep; ++it) {
         const int r = r0 + it * kRowStep;
-        copy_16_if(dst, smem + Tile::offset(r, c), col_ok && r < rows_valid);
+        copy_16_if(dst, smem + Tile::offset_unsigned(r, c), col_ok && r < rows_valid);
         dst += kRowStep * row_stride;
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      int r, cc;
-      if constexpr (kFixedColumn) {
-        r = r0 + it * kRowStep, cc = c;
-      } else {
-        const int idx = tid + it * kThreads;
-        if (idx >= kTotal) break;
-        r = idx / Tile::kChunks, cc = (idx % Tile::kChunks) * 8;
+      for (int it = 0; it < kIters; ++it) {
+        int r, cc;
+        if constexpr (kFixedColumn) {
+          r = r0 + it * kRowStep, cc = c;
+        } else {
+          const int idx = tid + it * kThreads;
+          if (idx >= kTotal) break;
+          r = idx / Tile::kChunks, cc = (idx % Tile::kChunks) * 8;
+        }
+        if (r < rows_valid && cc < cols_valid)
+          *reinterpret_cast<uint4*>(gmem + r * row_stride + cc) =
+              *reinterpret_cast<const uint4*>(smem + Tile::offset(r, cc));
       }
-      if (r < rows_valid && cc < cols_valid)
-        *reinterpret_cast<uint4*>(gmem + r * row_stride + cc) =
-            *reinterpret_cast<const uint4*>(smem + Tile::offset(r, cc));
     }
   }
 };
