@@ -88,6 +88,13 @@ def test_exact_mask_partial_first_block(device, sk):
     _check_exact_mask(device, 1, 128, 40, sk, 2, 1, torch.bfloat16, 0.2, dict(causal=True), 1234, 5)
 
 
+def test_exact_mask_score_mods_tensor_core(device):
+    # The fixed case with softcap and ALiBi is fp32 (the CUDA row-wise path); this one runs
+    # the tensor-core forward's and backward's dropout + score-mod instances at D = 128.
+    _check_exact_mask(device, 2, 128, 50, 70, 4, 2, torch.bfloat16, 0.25,
+                      dict(causal=True, softcap=5.0, alibi="h"), 77, 3)
+
+
 def _check_exact_mask(device, B, D, sq, sk, hq, hk, dtype, p, options, seed, offset):
     q, k, v = (randn(B, sq, hq, D, dtype=dtype), randn(B, sk, hk, D, dtype=dtype),
                randn(B, sk, hk, D, dtype=dtype))

@@ -64,6 +64,7 @@ def main():
     run(1, 65, 65, 2, 2, 96, dtype=torch.float16, causal=True, deterministic=True)
     run(1, 33, 40, 2, 2, 192, dropout_p=0.2)
     run(1, 70, 112, 2, 2, 128, dropout_p=0.1)  # a first key block with 16 of 48 keys live
+    run(1, 90, 100, 4, 2, 128, causal=True, softcap=8.0, alibi_slopes=slopes)  # D = 128's score-mod forward
     run(1, 17, 17, 2, 2, 32, causal=True)
     run(1, 40, 50, 2, 1, 40, dtype=torch.float32, causal=True)  # fp32 path, padded head dim
     run_varlen(64, causal=True)

@@ -18,14 +18,19 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 // 96 are 4-12% faster from 512 unmasked keys up (their last block's padding is skipped,
 // fwd_kernel.h), but under a causal mask at 512 keys, where tiles see 128-512 keys, 64 wins
 // by 8-10% (tune_kernels, docs/tuning.md).
+//
+// kPlain: the head dim also has instances without the softcap and ALiBi passes, for problems
+// that use neither (tools/gen_instances.py's fwd_plain lists the same dims).  At D = 128 the
+// plain kernel spills 40 B instead of 88 and runs 1.4-2.2% faster; at D = 64 it ran 0-2%
+// slower and at D = 256 within +-1%, so those keep one instance (tune_kernels, docs/tuning.md).
 template <int D>
-struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
-template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };
-template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4, kNLong = 96; };
-template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
-template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
-template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; };
-template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; };
+struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong, kPlain
+template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4, kNLong = 96; static constexpr bool kPlain = false; };
+template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
+template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; static constexpr bool kPlain = true; };
+template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; static constexpr bool kPlain = false; };
+template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
 constexpr int kFwdLongKeys = 512;
 
 template <int D>
@@ -46,9 +51,9 @@ template <> struct BwdSmallTile<192> { static constexpr int kM = 32, kN = 64, kS
 template <int D>
 constexpr bool kHasSmallBwd = D <= 192;
 
-template <class T, int D, bool kDropout, bool kLong = false>
-using FwdConfig =
-    FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps, kDropout>;
+template <class T, int D, bool kDropout, bool kLong = false, bool kScoreMod = true>
+using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps,
+                            kDropout, kScoreMod>;
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

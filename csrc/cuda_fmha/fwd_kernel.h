@@ -26,11 +26,13 @@
 namespace fmha {
 namespace cuda {
 
-template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kDropout_>
+// kScoreMod = false: an instance for problems without softcap and ALiBi, free of both passes
+// and of the slope load (configs.h says for which head dims it pays).
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kDropout_, bool kScoreMod_>
 struct FwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
-  static constexpr bool kDropout = kDropout_;
+  static constexpr bool kDropout = kDropout_, kScoreMod = kScoreMod_;
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kMT = kBlockM / (16 * kNWarps);  // 16-row blocks per warp
   static constexpr int kNT = kBlockN / 8;               // 8-column blocks of S per warp
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
 
   const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
                                                pr.mask_align == FMHA_ALIGN_TOP_LEFT);
-  const ScoreMod score = ScoreMod::make(pr, geom, b, h);
+  const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, geom, b, h);
   const int n_begin = geom.key_begin(m0) / kBlockN;
   const int n_end = (geom.key_end(m1) + kBlockN - 1) / kBlockN;
 

@@ -50,6 +50,7 @@ extern template void run_bwd_dq<BwdDqConfig<__half, 96, true, false>>(const fmha
 extern template void run_bwd<BwdConfig<__half, 96, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 96, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 96, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 128, false, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 128, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 128, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 128, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -57,6 +58,7 @@ extern template void run_bwd_dq<BwdDqConfig<__half, 128, false, false>>(const fm
 extern template void run_bwd<BwdConfig<__half, 128, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 128, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 128, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 128, true, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 128, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 128, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 128, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -132,6 +134,7 @@ extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 96, true, false>>(con
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 96, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 96, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 96, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 128, false, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 128, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 128, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 128, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -139,6 +142,7 @@ extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 128, false, false>>(c
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 128, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 128, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 128, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 128, true, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 128, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 128, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 128, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
