@@ -108,9 +108,9 @@ def test_sliding_window(device, dtype, sq, sk, window, causal):
     check_forward(device, q, k, v, flash_call(**opts), opts)
 
 
-# D = 128 has a separate CUDA forward instance for softcap and ALiBi (FwdTile::kPlain in
+# D = 96 and 128 have a separate CUDA forward instance for softcap and ALiBi (kFwdPlain in
 # csrc/cuda_fmha/configs.h); the other head dims run both kinds of problem in one.
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("softcap", [2.0, 30.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_softcap(device, softcap, causal, d):
@@ -120,7 +120,7 @@ def test_softcap(device, softcap, causal, d):
     check_forward(device, q, k, v, flash_call(**opts), opts)
 
 
-@pytest.mark.parametrize("d", [32, 128])
+@pytest.mark.parametrize("d", [32, 96, 128])
 @pytest.mark.parametrize("per_batch", [False, True], ids=["slopes_h", "slopes_bh"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_alibi(device, per_batch, causal, d):

@@ -18,20 +18,22 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 // 96 are 4-12% faster from 512 unmasked keys up (their last block's padding is skipped,
 // fwd_kernel.h), but under a causal mask at 512 keys, where tiles see 128-512 keys, 64 wins
 // by 8-10% (tune_kernels, docs/tuning.md).
-//
-// kPlain: the head dim also has instances without the softcap and ALiBi passes, for problems
-// that use neither (tools/gen_instances.py's fwd_plain lists the same dims).  At D = 128 the
-// plain kernel spills 40 B instead of 88 and runs 1.4-2.2% faster; at D = 64 it ran 0-2%
-// slower and at D = 256 within +-1%, so those keep one instance (tune_kernels, docs/tuning.md).
 template <int D>
-struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong, kPlain
-template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
-template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4, kNLong = 96; static constexpr bool kPlain = false; };
-template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
-template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; static constexpr bool kPlain = true; };
-template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; static constexpr bool kPlain = false; };
-template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; static constexpr bool kPlain = false; };
+struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
+template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<64> { static constexpr int kM = 128, kN = 64, kWarps = 4, kNLong = 96; };
+template <> struct FwdTile<96> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<128> { static constexpr int kM = 128, kN = 48, kWarps = 4, kNLong = kN; };
+template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps = 8, kNLong = kN; };
+template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; };
 constexpr int kFwdLongKeys = 512;
+// Head dims whose forward also has instances without the softcap and ALiBi passes, for
+// problems that use neither (tools/gen_instances.py's fwd_plain lists the same dims).  The
+// plain kernel runs 1.4-2.2% faster at D = 128 (40 B of spills instead of 88) and 2.4-3.9%
+// at D = 96; at D = 64 it ran 0-2% slower and at D = 256 within +-1%, so those keep one
+// instance for every problem; D = 32 and 192 were not measured (tune_kernels, docs/tuning.md).
+template <int D>
+constexpr bool kFwdPlain = D == 96 || D == 128;
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages

@@ -88,7 +88,7 @@ int64_t lse_elems(const fmha_problem& p) { return q_rows(p) * p.num_heads_q; }
 template <class T, int D, bool kLong>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   const bool drop = p.problem.dropout_p > 0.f;
-  if constexpr (FwdTile<D>::kPlain) {
+  if constexpr (kFwdPlain<D>) {
     if (!(p.problem.softcap > 0.f || p.problem.alibi_slopes)) {
       if (drop) return run_fwd<FwdConfig<T, D, true, kLong, false>>(p, s);
       return run_fwd<FwdConfig<T, D, false, kLong, false>>(p, s);

@@ -129,8 +129,8 @@ void bwd(const char* name, const Shape& s, Buffers& buf) {
 }
 
 // The shapes use neither softcap nor ALiBi: the forward runs the instance the library picks
-// for them (plain where FwdTile<D>::kPlain).
-#define FWD(D, M, N, W) fwd<FwdTraits<T, D, M, N, W, false, !FwdTile<D>::kPlain>>("fwd " #M "x" #N " " #W "w", s, buf)
+// for them (plain where kFwdPlain<D>).
+#define FWD(D, M, N, W) fwd<FwdTraits<T, D, M, N, W, false, !kFwdPlain<D>>>("fwd " #M "x" #N " " #W "w", s, buf)
 #define BWD(D, M, N, ST) bwd<BwdTraits<T, D, M, N, ST, false, false>>("bwd " #M "x" #N " st" #ST, s, buf)
 
 int main() {

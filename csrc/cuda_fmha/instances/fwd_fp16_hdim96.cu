@@ -3,6 +3,6 @@
 
 namespace fmha {
 namespace cuda {
-template void run_fwd<FwdConfig<__half, 96, false>>(const fmha_fwd_params&, cudaStream_t);
+template void run_fwd<FwdConfig<__half, 96, false, false, false>>(const fmha_fwd_params&, cudaStream_t);
 }  // namespace cuda
 }  // namespace fmha

@@ -36,6 +36,7 @@ extern template void run_bwd_dq<BwdDqConfig<__half, 64, true, false>>(const fmha
 extern template void run_bwd<BwdConfig<__half, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 64, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 96, false, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 96, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 96, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 96, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -43,6 +44,7 @@ extern template void run_bwd_dq<BwdDqConfig<__half, 96, false, false>>(const fmh
 extern template void run_bwd<BwdConfig<__half, 96, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 96, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__half, 96, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__half, 96, true, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__half, 96, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__half, 96, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__half, 96, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -120,6 +122,7 @@ extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 64, true, false>>(con
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 64, true, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 64, true, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 96, false, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 96, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 96, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 96, false, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
@@ -127,6 +130,7 @@ extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 96, false, false>>(co
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 96, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 96, false, true>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd_dq<BwdDqConfig<__nv_bfloat16, 96, false, true>>(const fmha_bwd_params&, const float*, cudaStream_t);
+extern template void run_fwd<FwdConfig<__nv_bfloat16, 96, true, false, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_fwd<FwdConfig<__nv_bfloat16, 96, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template void run_bwd<BwdConfig<__nv_bfloat16, 96, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);
 extern template void run_bwd<BwdSmallConfig<__nv_bfloat16, 96, true, false>>(const fmha_bwd_params&, float*, const float*, bool, cudaStream_t);

@@ -81,13 +81,13 @@ struct TileCopy {
   template <class T>
   __device__ __forceinline__ void store(T* gmem, int64_t row_stride, const T* smem, int rows_valid,
                                         int cols_valid) const {
-    if constexpr (kFixedColumn && Tile::kRowsC % kRowStep == 0) {
+    if constexpr (kFixedColumn && kIters * kRowStep == Tile::kRowsC) {  // every step a whole row step
       // One pointer advanced per row step; the shared-memory read is unconditional (always
       // inside the tile), so the test predicates the global store instead of branching.
       const bool col_ok = c < cols_valid;
       T* dst = gmem + r0 * row_stride + c;
 #pragma unroll
-      for (int it = 0; it < Tile::kRowsC / kRowStep; ++it) {
+      for (int it = 0; it < kIters; ++it) {
         const int r = r0 + it * kRowStep;
         copy_16_if(dst, smem + Tile::offset_unsigned(r, c), col_ok && r < rows_valid);
         dst += kRowStep * row_stride;
