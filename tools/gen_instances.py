@@ -46,9 +46,9 @@ def instances(types, stream, fwd_long, fwd_plain, bwd_small):
             # passes; otherwise fwd_* has both passes.
             for long, mod in itertools.product((False, True) if d in fwd_long else (False,),
                                                (False, True) if d in fwd_plain else (True,)):
-                args = f"{T}, {d}, {b(drop)}" + (f", {b(long)}, {b(mod)}" if not mod else ", true" if long else "")
+                args = [T, str(d), b(drop)] + ([b(long)] if long or not mod else []) + ([b(mod)] if not mod else [])
                 yield (f"fwd_{dt}_hdim{d}{'_long' if long else ''}{tag}{'_scoremod' if mod and d in fwd_plain else ''}",
-                       f"template void run_fwd<FwdConfig<{args}>>(const fmha_fwd_params&, {stream});")
+                       f"template void run_fwd<FwdConfig<{', '.join(args)}>>(const fmha_fwd_params&, {stream});")
             for mod in (False, True):  # softcap or ALiBi
                 tag2 = tag + ("_scoremod" if mod else "")
                 yield (f"bwd_{dt}_hdim{d}{tag2}",

@@ -30,8 +30,9 @@ constexpr int kFwdLongKeys = 512;
 // Head dims whose forward also has instances without the softcap and ALiBi passes, for
 // problems that use neither (tools/gen_instances.py's fwd_plain lists the same dims).  The
 // plain kernel runs 1.4-2.2% faster at D = 128 (40 B of spills instead of 88) and 2.4-3.9%
-// at D = 96; at D = 64 it ran 0-2% slower and at D = 256 within +-1%, so those keep one
-// instance for every problem; D = 32 and 192 were not measured (tune_kernels, docs/tuning.md).
+// at D = 96; at D = 64 it ran up to 1.3% slower on the tiles the dispatch picks and at
+// D = 256 within +-1%, so those keep one instance for every problem; D = 32 and 192 were
+// not measured (tune_kernels, docs/tuning.md).
 template <int D>
 constexpr bool kFwdPlain = D == 96 || D == 128;
 

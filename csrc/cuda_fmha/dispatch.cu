@@ -85,11 +85,14 @@ int64_t q_rows(const fmha_problem& p) {
 }
 int64_t lse_elems(const fmha_problem& p) { return q_rows(p) * p.num_heads_q; }
 
+// Softcap or ALiBi: the problems the plain instances (compiled without both) cannot run.
+bool score_mods(const fmha_problem& p) { return p.softcap > 0.f || p.alibi_slopes != nullptr; }
+
 template <class T, int D, bool kLong>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   const bool drop = p.problem.dropout_p > 0.f;
   if constexpr (kFwdPlain<D>) {
-    if (!(p.problem.softcap > 0.f || p.problem.alibi_slopes)) {
+    if (!score_mods(p.problem)) {
       if (drop) return run_fwd<FwdConfig<T, D, true, kLong, false>>(p, s);
       return run_fwd<FwdConfig<T, D, false, kLong, false>>(p, s);
     }
@@ -147,7 +150,7 @@ void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta,
 
 template <class T, int D>
 void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
-  const bool drop = p.problem.dropout_p > 0.f, mod = p.problem.softcap > 0.f || p.problem.alibi_slopes;
+  const bool drop = p.problem.dropout_p > 0.f, mod = score_mods(p.problem);
   if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
   if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
   if (mod) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);

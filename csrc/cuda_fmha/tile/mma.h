@@ -174,7 +174,7 @@ __device__ __forceinline__ void store_acc_in_loop(T* s, const float (&acc)[MT][N
 template <class Tile, class T, int MT, int NT>
 __device__ __forceinline__ void store_acc(T* s, const float (&acc)[MT][NT][4], int r0, int r_stride, int c0, int lane) {
   const unsigned g = unsigned(lane) / 4, t = unsigned(lane) % 4, row = unsigned(r0) + g;
-  const unsigned swz = (Tile::kChunks % 8 == 0) ? row % 8 : (row / 2) % 4;
+  const unsigned swz = Tile::swizzle_unsigned(row);
   const unsigned base = row * Tile::kColsC + 2 * t, chunk0 = unsigned(c0) / 8;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {

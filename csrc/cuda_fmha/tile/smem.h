@@ -30,9 +30,11 @@ struct SmemTile {
   // The same for r, c >= 0, in unsigned arithmetic: masks and shifts, where the signed form
   // needs a fix-up per division.  Used off the main loops, whose tuned code the signed form
   // keeps as it is.
+  __device__ __forceinline__ static unsigned swizzle_unsigned(unsigned r) {
+    return (kChunks % 8 == 0) ? r % 8 : (r / 2) % 4;
+  }
   __device__ __forceinline__ static unsigned offset_unsigned(unsigned r, unsigned c) {
-    const unsigned swz = (kChunks % 8 == 0) ? r % 8 : (r / 2) % 4;
-    return r * kCols + (((c / 8) ^ swz) * 8) + (c % 8);
+    return r * kCols + (((c / 8) ^ swizzle_unsigned(r)) * 8) + (c % 8);
   }
 };
 
