@@ -58,6 +58,12 @@ struct BwdTraits {
       2 * TileKV::kBytes + 2 * kStages * TileQ::kBytes + 2 * TileP::kBytes + 2 * kStages * kBlockM * 4;
   // sm90+: the query block's dQ in fp32, added to the accumulator by one bulk reduction.
   static constexpr int kDqSmemBytes = kBlockM * kHeadDim * 4;
+  // P and dS go to shared memory by store_acc (one swizzle per thread, the column offsets
+  // kept in registers) where that frees registers, else by store_acc_in_loop (offsets
+  // recomputed per store).  sm_90 spills with store_acc: D = 32, 64, 96 fewer in every
+  // instance (D = 64: 128 B -> 0, 812 -> 664 with dropout and score mods); D = 128 and 256
+  // more (0 -> 16 and 0 -> 24 B); D = 192 none either way.
+  static constexpr bool kHoistStores = kHeadDim <= 96;
 };
 
 // How bwd_kernel delivers dQ.
@@ -271,8 +277,13 @@ __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_ac
     make_ds<K::kDropout, K::kScoreMod>(acc_s, acc_dp, th, delta, drop,
                          (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h, m0 + s_row0, kSRowStride,
                          n0 + s_col0, lane);
-    store_acc_in_loop<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
-    store_acc_in_loop<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+    if constexpr (K::kHoistStores) {
+      store_acc<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
+      store_acc<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+    } else {
+      store_acc_in_loop<TileP>(sP, acc_s, s_row0, kSRowStride, s_col0, lane);
+      store_acc_in_loop<TileP>(sdS, acc_dp, s_row0, kSRowStride, s_col0, lane);
+    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // sdQ is free again after this barrier.  (The wait shares its scoreboard with cp.async,
     // so thread 0 also waits for the next stage's loads.  Measured slower: a second sdQ
