@@ -1,9 +1,9 @@
 """Decode: one new token per sequence against a KV cache (32 query heads over 8 KV heads,
 D = 128), contiguous or paged, bf16 or fp8 caches.  The figure of merit is the K/V read
 bandwidth (cache bytes read once / time), to be set against the device copy rate.  Every
-peer is timed by CUDA-graph replay (timing.median_ms_graph), as serving engines run decode
-steps: a step is microseconds of GPU work, less than the host's per-call cost in eager
-mode, so eager timing would measure Python and launch overhead instead of the kernels."""
+peer is timed by CUDA-graph replay, sixteen calls to a graph (timing.median_ms_graph), as
+serving engines run decode steps: a step is microseconds of GPU work, less than the host's
+per-call cost in eager mode or a graph launch's, which would be timed instead of the kernels."""
 
 from __future__ import annotations
 
