@@ -151,7 +151,8 @@ __device__ __forceinline__ void gemm_rs(float (&acc)[MT][NT][4], const uint32_t 
 
 // Writes an accumulator tile, rounded to T, into a shared tile at rows r0 + m * r_stride
 // (+ g, g + 8) and columns c0 + 8 n (+ 2t).  Addresses come from Tile::offset per store.
-// The backward's loop uses this form: the compiler keeps the addresses out of registers.
+// The backward's loop uses this form at D >= 128 (BwdTraits::kHoistStores): the compiler
+// keeps the addresses out of registers.
 template <class Tile, class T, int MT, int NT>
 __device__ __forceinline__ void store_acc_in_loop(T* s, const float (&acc)[MT][NT][4], int r0, int r_stride, int c0,
                                                   int lane) {
@@ -170,7 +171,7 @@ __device__ __forceinline__ void store_acc_in_loop(T* s, const float (&acc)[MT][N
 // caller's are multiples of 16), so all of a thread's rows share row r0 + g's swizzle: it is
 // computed once, unsigned, and each store is a chunk XOR plus a constant row offset.  Against
 // the form above this halves the forward's epilogue (1053 -> 593 sm_90 instructions at
-// D = 128); inside the backward's loop the hoisted column offsets spill instead.
+// D = 128); inside the backward's loop at D >= 128 the hoisted column offsets spill instead.
 template <class Tile, class T, int MT, int NT>
 __device__ __forceinline__ void store_acc(T* s, const float (&acc)[MT][NT][4], int r0, int r_stride, int c0, int lane) {
   const unsigned g = unsigned(lane) / 4, t = unsigned(lane) % 4, row = unsigned(r0) + g;
