@@ -55,9 +55,9 @@ def median_ms_graph(fns: Sequence[Callable[[], object]], device: torch.device, b
     which for a decode step (a few microseconds of GPU work) would otherwise be what is
     timed.  Serving engines capture whole decode steps, every layer's attention call in one
     graph, for the same reason.  One call per graph is not enough: a replay then costs
-    about 10 us whatever it holds (an H200 timed a 0.1 MB copy at 10.7 us that way, and a
-    34 MB copy at 17.8 us against 10.5 us sixteen to a graph).  Falls back to median_ms
-    where a call cannot be captured."""
+    about 10 us whatever it holds (an H200 timed a 0.1 MB copy at 10.7 us that way;
+    benchmarks/results/2026-11-30-h200-decode-graph16).  Falls back to median_ms where a
+    call cannot be captured."""
     if device.type != "cuda":
         return median_ms(fns, device, budget_s=budget_s)
     calls = len(fns) * max(1, -(-calls_per_graph // len(fns)))
