@@ -67,6 +67,11 @@ def main():
     run(1, 90, 100, 4, 2, 128, causal=True, softcap=8.0, alibi_slopes=slopes)  # D = 128's score-mod forward
     run(1, 17, 17, 2, 2, 32, causal=True)
     run(1, 40, 50, 2, 1, 40, dtype=torch.float32, causal=True)  # fp32 path, padded head dim
+    # sm_90a forward: several tiles per persistent CTA, padded head dims, both epilogues
+    # (D <= 64 stores from registers), the 64-byte swizzle (D = 96), rows that see no key.
+    run(2, 600, 700, 8, 2, 40, causal=True)
+    run(1, 300, 300, 2, 2, 192, dtype=torch.float16)
+    run(3, 260, 100, 4, 4, 80, causal=True)
     run_varlen(64, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
     cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -6,6 +6,7 @@
 #include "bwd_kernel.h"
 #include "decode_kernel.h"
 #include "fwd_kernel.h"
+#include "fwd_sm90_kernel.h"
 
 namespace fmha {
 namespace cuda {
@@ -36,6 +37,16 @@ constexpr int kFwdLongKeys = 512;
 template <int D>
 constexpr bool kFwdPlain = D == 96 || D == 128;
 
+// The sm_90a forward (fwd_sm90_kernel.h): query rows per CTA (64 per consumer warpgroup),
+// keys per block, ring depth.  Starting points: FlashAttention-3's tiles where they fit this
+// kernel (two consumers, two stages); D = 256's 80-key blocks are what fits 227 KB.
+template <int D>
+struct FwdSm90Tile { static constexpr int kM = 128, kN = 128, kStages = 2; };
+template <> struct FwdSm90Tile<192> { static constexpr int kM = 128, kN = 96, kStages = 2; };
+template <> struct FwdSm90Tile<256> { static constexpr int kM = 128, kN = 80, kStages = 2; };
+// Head dims the sm_90a forward has (others pad up to one; 32 and below run on mma.sync).
+constexpr int kFwdSm90HeadDims[] = {64, 96, 128, 192, 256};
+
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
 template <> struct BwdTile<32> { static constexpr int kM = 128, kN = 128, kStages = 2; };
@@ -57,6 +68,10 @@ constexpr bool kHasSmallBwd = D <= 192;
 template <class T, int D, bool kDropout, bool kLong = false, bool kScoreMod = true>
 using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps,
                             kDropout, kScoreMod>;
+
+template <class T, int D, bool kScoreMod>
+using FwdSm90Config = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kStages, kScoreMod>;
+static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448, "the sm90 forward's tiles must fit 227 KB");
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

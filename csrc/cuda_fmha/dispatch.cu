@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -22,7 +24,7 @@ void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, cudaGetErrorString(err)));
 }
 
-// An attribute of the current device, read once per device (both used here are positive).
+// An attribute of the current device, read once per device (those used here are positive).
 template <cudaDeviceAttr kAttr>
 int device_attribute() {
   constexpr int kMaxDevices = 64;
@@ -38,6 +40,7 @@ int device_attribute() {
 
 int device_cc_major() { return device_attribute<cudaDevAttrComputeCapabilityMajor>(); }
 int device_smem_optin() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
+int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 void set_max_smem(const void* kernel, int bytes) {
   static std::mutex mutex;
@@ -113,8 +116,45 @@ void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   fwd_instance<T, D, false>(p, s);
 }
 
+// The sm_90a forward (wgmma, TMA) runs on compute capability 9.0 GPUs for every call it
+// supports: no dropout, no seqused_k, head dims from 33 up, tensors the copy engine can
+// describe.  FMHA_FORCE_MMA_SYNC=1 in the environment sends every call to the mma.sync
+// kernels instead (the GPU suite runs both paths; the benchmark compares them).
+bool mma_sync_forced() {
+  const char* v = std::getenv("FMHA_FORCE_MMA_SYNC");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+template <class T, int D>
+bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  if (score_mods(p.problem)) return run_fwd_sm90<FwdSm90Config<T, D, true>>(p, s);
+  return run_fwd_sm90<FwdSm90Config<T, D, false>>(p, s);
+}
+
+// True when the sm_90a forward ran the call.
+template <class T>
+bool fwd_sm90(const fmha_fwd_params& p, cudaStream_t s) {
+#ifdef FMHA_WITH_SM90A
+  const fmha_problem& pr = p.problem;
+  if (pr.dropout_p > 0.f || pr.seqused_k != nullptr || pr.head_dim <= 32 || device_cc_major() != 9 ||
+      mma_sync_forced())
+    return false;
+  switch (padded_head_dim(pr.head_dim)) {
+    case 64: return fwd_sm90_instance<T, 64>(p, s);
+    case 96: return fwd_sm90_instance<T, 96>(p, s);
+    case 128: return fwd_sm90_instance<T, 128>(p, s);
+    case 192: return fwd_sm90_instance<T, 192>(p, s);
+    default: return fwd_sm90_instance<T, 256>(p, s);
+  }
+#else
+  (void)p, (void)s;
+  return false;
+#endif
+}
+
 template <class T>
 void fwd_tensor_core(const fmha_fwd_params& p, cudaStream_t s) {
+  if (fwd_sm90<T>(p, s)) return;
   switch (padded_head_dim(p.problem.head_dim)) {
     case 32: return fwd_instance<T, 32>(p, s);
     case 64: return fwd_instance<T, 64>(p, s);

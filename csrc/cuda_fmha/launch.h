@@ -16,6 +16,9 @@ void check_cuda(cudaError_t err, const char* what);
 // Compute capability major version of the current device (cached per device).
 int device_cc_major();
 
+// Multiprocessors of the current device (cached per device).
+int device_sm_count();
+
 // Shared memory a block of the current device may opt in to, in bytes (cached per device).
 int device_smem_optin();
 
@@ -29,6 +32,10 @@ void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, i
 
 template <class Traits>
 void run_fwd(const fmha_fwd_params& p, cudaStream_t stream);
+
+// The sm_90a forward; false when the copy engine cannot describe the tensors (fwd_sm90_kernel.h).
+template <class Traits>
+bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream);
 
 template <class Traits>
 void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool atomic_dq, cudaStream_t stream);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -79,9 +80,41 @@ def _flex_peer(device: torch.device) -> Optional[Peer]:
     return Peer("flex", "bhsd", forward, unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None)
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _fa4_peer() -> Optional[Peer]:
+    """FlashAttention-4 (pip flash-attn-4, CuTe DSL) when importable."""
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+    except Exception:  # noqa: BLE001 - absent, or present without its CUDA DSL
+        return None
+
+    def forward(q, k, v, causal):
+        out = fa4(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    return Peer("fa4", "bshd", forward, unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None)
+
+
 def peers(device: torch.device, include_math: bool = True) -> list[Peer]:
     """fmha first, then every peer importable on this device."""
     out = [Peer("fmha", "bshd", lambda q, k, v, causal: fmha.flash_attn_func(q, k, v, causal=causal))]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        # fmha's mma.sync kernels, which Hopper runs only when forced: the sm_90a path's gain.
+        out.append(Peer("fmha-mma", "bshd", lambda q, k, v, causal: fmha.flash_attn_func(q, k, v, causal=causal),
+                        lambda: _env("FMHA_FORCE_MMA_SYNC", "1"),
+                        unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None))
     if device.type == "cuda":
         out.append(Peer("torch-flash", "bhsd", _sdpa, _sdpa_backend("FLASH_ATTENTION"),
                         unsupported=lambda c: "fp32" if c.dtype == torch.float32 else None))
@@ -103,6 +136,9 @@ def peers(device: torch.device, include_math: bool = True) -> list[Peer]:
                 return xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask() if causal else None)
 
             out.append(Peer("xformers", "bshd", xformers_forward))
+        fa4 = _fa4_peer()
+        if fa4 is not None:
+            out.append(fa4)
     else:
         out.append(Peer("torch-flash", "bhsd", _sdpa, _sdpa_backend("FLASH_ATTENTION")))
     if include_math:

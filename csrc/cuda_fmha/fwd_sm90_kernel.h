@@ -1,0 +1,465 @@
+// Attention forward on sm_90a, the design of FlashAttention-3 (Shah et al. 2024) on our own
+// tile layer (tile/sm90.h).  A persistent CTA works through tiles of kBlockM query rows of
+// one (sequence, head) (FwdTileOrder); its threads split into warpgroups by role:
+//
+//   producer (warpgroup 0, one thread): TMA copies of each tile's Q, and of its K_j and V_j
+//     into rings of kStages buffers, each buffer guarded by a full and an empty mbarrier.
+//   consumers (warpgroups 1..kConsumers, 64 query rows each): S = Q K_j^T on wgmma from
+//     shared memory, scores and online softmax in registers, O += P V_j on wgmma with P
+//     from registers (Algorithm 1's lines 9-12, FA2 and FA3's order of blocks).
+//
+// Inside a consumer the products of one block overlap the softmax of another (FA3's
+// intra-warpgroup pipelining): block j's S = Q K_j^T and the previous block's O += P V are
+// issued together, and the softmax of S_j runs while O += P V is still on the tensor
+// cores.  With two consumers, named barriers make them take turns issuing (ping-pong), so
+// one's softmax also overlaps the other's products.  setmaxnreg moves registers from the
+// producer (which needs few) to the consumers.  The rings run on from tile to tile, so the
+// next tile's first K block loads during the last one's final products and epilogue.
+#pragma once
+
+#include <math.h>
+
+#include "../common/sequence.h"
+#include "../common/softmax.h"
+#include "fmha/fmha.h"
+#include "scores.h"
+#include "tile/mma.h"
+#include "tile/sm90.h"
+
+namespace fmha {
+namespace cuda {
+
+struct FwdSm90Maps {
+  CUtensorMap q, k, v;
+};
+
+// kPingPong: two consumers take turns issuing their products, so that one's softmax
+// overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
+template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
+          bool kPingPong_ = kBlockM_ == 128>
+struct FwdSm90Traits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kScoreMod = kScoreMod_;
+  static constexpr int kConsumers = kBlockM / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kNT = kBlockN / 8;  // 8-column blocks of S per warp
+  static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of O per warp
+  static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "one to three 64-row consumers");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0, "tile shape");
+  using TileQ = Sm90Tile<kBlockM, kHeadDim>;
+  using TileKV = Sm90Tile<kBlockN, kHeadDim>;
+  // Registers per thread after setmaxnreg: the producer keeps few, the consumers share the
+  // rest of the 64K (24 x 128 + 240 x 256 = 64512; 32 x 128 + 160 x 384 = 65536).
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  static constexpr bool kPingPong = kPingPong_;
+  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumers");
+  // How O leaves (tools/tune/tune_sm90.cu on an H200, 2026-12-01): at D <= 64 straight from
+  // registers, which frees the Q buffer after the tile's last S = Q K^T so that the next
+  // tile's Q loads during the last P V and the epilogue (4-7% faster than staging at
+  // D = 64); above, staged in 16-byte rows through the consumer's rows of the Q buffer
+  // (the direct stores, four bytes each, cost 4% at D = 128 and 2-13% at D = 192 and 256).
+  static constexpr bool kStoreFromRegisters = kHeadDim <= 64;
+  // Shared memory: Q | K ring | V ring | mbarriers; every tile starts on a 1024-byte line,
+  // the period of the 128-byte swizzle.
+  static constexpr int kOffK = TileQ::kBytes;
+  static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
+  static constexpr int kOffBar = kOffV + kStages * TileKV::kBytes;
+  static constexpr int kBars = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
+  static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0, "tiles on 1024-byte lines");
+};
+
+// Named barriers: 0 is __syncthreads; 1 and 2 are the two consumers' turns (ping-pong),
+// 3 to 5 each consumer's own (the epilogue).
+constexpr int kBarTurn = 1, kBarEpilogue = 3;
+
+// The tile scheduler.  Tiles t = 0 .. m_blocks * Hq * B - 1 are ordered sequence by
+// sequence, head by head, and within a head from the outside in (query blocks last,
+// first, second-to-last, second, ...), so that a pair (2u, 2u + 1) costs about the same
+// under a causal mask; CTA c takes pairs u = c, c + gridDim.x, ...  Fixed-length problems
+// launch one CTA per multiprocessor (persistent: a CTA's next tile starts loading while
+// the last one's epilogue runs); varlen ones, whose tiles differ, one CTA per pair.
+struct FwdTileOrder {
+  int64_t tiles;
+  int m_blocks, heads;
+  __device__ __forceinline__ FwdTileOrder(const fmha_problem& pr, int block_m)
+      : tiles(0), m_blocks((pr.seqlen_q + block_m - 1) / block_m), heads(pr.num_heads_q) {
+    tiles = (int64_t)m_blocks * heads * pr.batch;
+  }
+  // Calls f(m_block, h, b) for each tile of this CTA, in order.
+  template <class F>
+  __device__ __forceinline__ void for_each(F&& f) const {
+    for (int64_t u = blockIdx.x; 2 * u < tiles; u += gridDim.x)
+      for (int64_t t = 2 * u; t < 2 * u + 2 && t < tiles; ++t) {
+        const int p = (int)(t % m_blocks);
+        const int64_t bh = t / m_blocks;
+        f(p % 2 == 0 ? m_blocks - 1 - p / 2 : p / 2, (int)(bh % heads), (int)(bh / heads));
+      }
+  }
+};
+
+// What one tile covers: query rows [m0, m1) of sequence b, head h, and the key blocks
+// n_end - 1, n_end - 2, ..., n_end - n_blocks it visits (the last first, as in
+// fwd_kernel.h: the blocks a causal mask cuts come first).
+struct FwdTileWork {
+  Sequence seq;
+  MaskGeometry geom;
+  int m0, m1, h, hk, b, n_end, n_blocks;
+  __device__ __forceinline__ FwdTileWork(const fmha_problem& pr, int m_block, int h_, int b_, int block_m,
+                                         int block_n)
+      : seq(Sequence::get(pr, b_)), h(h_), b(b_) {
+    m0 = m_block * block_m;
+    m1 = min(m0 + block_m, seq.len_q);
+    hk = h / (pr.num_heads_q / pr.num_heads_k);
+    geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
+                              pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+    n_end = 0, n_blocks = 0;
+    if (m0 < seq.len_q) {
+      const int n_begin = geom.key_begin(m0) / block_n;
+      n_end = (geom.key_end(m1) + block_n - 1) / block_n;
+      n_blocks = max(n_end - n_begin, 0);
+    }
+  }
+  __device__ __forceinline__ bool has_rows() const { return m0 < seq.len_q; }
+};
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ fmha_fwd_params p, const __grid_constant__ FwdSm90Maps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename K::T;
+  using TileQ = typename K::TileQ;
+  using TileKV = typename K::TileKV;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
+  const fmha_problem& pr = p.problem;
+  const FwdTileOrder order(pr, kBlockM);
+
+  extern __shared__ char smem_raw[];
+  char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = reinterpret_cast<T*>(smem + K::kOffK);
+  T* sV = reinterpret_cast<T*>(smem + K::kOffV);
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + K::kOffBar);
+  uint64_t* empty_q = full_q + 1;
+  uint64_t* full_k = empty_q + 1;
+  uint64_t* empty_k = full_k + kStages;
+  uint64_t* full_v = empty_k + kStages;
+  uint64_t* empty_v = full_v + kStages;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(full_q, 1);
+    // One arrival per consumer warpgroup after its last product that reads Q, or, when O is
+    // staged in the Q buffer, one per consumer thread after its last read of it.
+    mbar_init(empty_q, K::kStoreFromRegisters ? K::kConsumers : K::kConsumers * 128);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k + s, 1);
+      mbar_init(full_v + s, 1);
+      mbar_init(empty_k + s, K::kConsumers);  // one arrival per consumer warpgroup
+      mbar_init(empty_v + s, K::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  // ---------------------------------------------------------------- producer
+  // One thread issues every copy.  K and V blocks run through their rings under a count
+  // `it` that continues from tile to tile, in the consumers' order K_0, K_1, V_0, K_2, V_1,
+  // ...; the next tile's K_0 goes out before its Q, whose buffer the consumers free only
+  // after their epilogue.
+  if (wg == 0) {
+    setmaxnreg_dec<K::kProducerRegs>();
+    if (tid != 0) return;
+    prefetch_tensormap(&maps.q);
+    prefetch_tensormap(&maps.k);
+    prefetch_tensormap(&maps.v);
+    int it = 0, q_phase = 0;
+    order.for_each([&](int m_block, int h, int b) {
+      const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN);
+      if (!w.has_rows()) return;
+      // Map coordinates: varlen maps span the packed rows of one "batch".
+      const int batch = w.seq.varlen ? 0 : b;
+      const int k_row = (int)w.seq.k_row0;
+      auto load = [&](T* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, int i) {
+        const int stage = (it + i) % kStages;
+        mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
+        mbar_arrive_expect_tx(full + stage, TileKV::kBytes);
+        T* tile = ring + stage * (TileKV::kBytes / 2);
+        const int row = k_row + (w.n_end - 1 - i) * kBlockN;
+#pragma unroll
+        for (int s = 0; s < TileKV::kSlabs; ++s)
+          tma_load_4d(tile + s * (TileKV::kSlabBytes / 2), map, full + stage, s * TileKV::kSlab, row, w.hk, batch);
+      };
+      if (w.n_blocks > 0) load(sK, &maps.k, full_k, empty_k, 0);
+      mbar_wait(empty_q, q_phase ^ 1);
+      if (w.n_blocks > 0) {
+        mbar_arrive_expect_tx(full_q, TileQ::kBytes);
+#pragma unroll
+        for (int s = 0; s < TileQ::kSlabs; ++s)
+          tma_load_4d(sQ + s * (TileQ::kSlabBytes / 2), &maps.q, full_q, s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0,
+                      h, batch);
+      } else {
+        mbar_arrive(full_q);  // rows that see no key: the consumers only write zeros through sQ
+      }
+      for (int i = 1; i < w.n_blocks; ++i) {
+        load(sK, &maps.k, full_k, empty_k, i);
+        load(sV, &maps.v, full_v, empty_v, i - 1);
+      }
+      if (w.n_blocks > 0) load(sV, &maps.v, full_v, empty_v, w.n_blocks - 1);
+      it += w.n_blocks;
+      q_phase ^= 1;
+    });
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  setmaxnreg_inc<K::kConsumerRegs>();
+  const int cw = wg - 1;  // consumer index
+  const int tid_wg = tid % 128, warp_wg = tid_wg / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_wg = cw * 64;  // this warpgroup's first row in the tile
+  const KMajorDesc<TileQ> desc_q(sQ, row_wg);
+  auto turn_wait = [&] {
+    if (K::kPingPong) named_barrier_sync(kBarTurn + cw, 256);
+  };
+  auto turn_pass = [&] {
+    if (K::kPingPong) named_barrier_arrive(kBarTurn + (1 - cw), 256);
+  };
+  int it = 0, q_phase = 0;
+
+  order.for_each([&](int m_block, int h, int b) {
+    const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN);
+    if (!w.has_rows()) return;
+    const int m0 = w.m0, m1 = w.m1, n_blocks = w.n_blocks;
+    const int row0 = m0 + row_wg + warp_wg * 16;  // this warp's first query row
+    const int wm0 = m0 + row_wg, wm1 = max(min(wm0 + 64, m1), wm0 + 1);
+
+    float acc_o[kDT][4];
+#pragma unroll
+    for (int n = 0; n < kDT; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    mbar_wait(full_q, q_phase);
+
+    if (n_blocks > 0) {
+      const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, w.geom, b, h);
+      // Consumer 0 issues first; consumer 1 passes it the first turn and, to keep the
+      // counts even, skips passing the turn after its last issue.
+      if (K::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 256);
+
+      float acc_s[1][kNT][4];
+      uint32_t a_p[1][kNT / 2][4];  // P as wgmma A fragments
+      float rescale[2] = {1.f, 1.f};
+
+      auto issue_qk = [&](int i) {  // S = Q K_i^T
+        const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * (TileKV::kBytes / 2), 0);
+        fence_operand(acc_s[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk)
+          Wgmma<T, kBlockN>::template ss<0, 0>(acc_s[0], desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
+        wgmma_commit();
+        fence_operand(acc_s[0]);
+      };
+      auto issue_pv = [&](int i) {  // O += P V_i
+        const MnMajorDesc<TileKV> desc_v(sV + ((it + i) % kStages) * (TileKV::kBytes / 2));
+        fence_operand(acc_o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+        wgmma_commit();
+        fence_operand(acc_o);
+      };
+      auto release = [&](uint64_t* empty, int i) {
+        if (tid_wg == 0) mbar_arrive(empty + (it + i) % kStages);
+      };
+      // The last product that reads Q is done: unless O goes through the Q buffer, the
+      // producer may bring the next tile's.
+      auto release_q = [&] {
+        if (K::kStoreFromRegisters && tid_wg == 0) mbar_arrive(empty_q);
+      };
+      auto wait_full = [&](uint64_t* full, int i) { mbar_wait(full + (it + i) % kStages, ((it + i) / kStages) & 1); };
+
+      // Scores of block i, the new row maxima, rescale[] for O, and P = exp2(S - max) in
+      // acc_s (Algorithm 1, lines 9-11).
+      auto softmax = [&](int i) {
+        const int n0 = (w.n_end - 1 - i) * kBlockN;
+        score.apply(acc_s, row0, 16, n0, lane, score.needs_mask(wm0, wm1, n0, kBlockN));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]));
+          mx = fmaxf(row_max[r], quad_max(mx) * score.post_scale);
+          rescale[r] = softmax_rescale(row_max[r], mx);
+          const float ref = softmax_ref_max(mx);
+          row_max[r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -ref));
+              sum += acc_s[0][n][e];
+            }
+          row_sum[r] = row_sum[r] * rescale[r] + sum;
+        }
+      };
+      auto rescale_o = [&] {
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          acc_o[n][0] *= rescale[0], acc_o[n][1] *= rescale[0];
+          acc_o[n][2] *= rescale[1], acc_o[n][3] *= rescale[1];
+        }
+      };
+      auto pack_p = [&] { acc_to_a<T>(a_p, acc_s); };
+
+      wait_full(full_k, 0);
+      turn_wait();
+      issue_qk(0);
+      turn_pass();
+      wgmma_wait<0>();
+      fence_operand(acc_s[0]);
+      release(empty_k, 0);
+      if (n_blocks == 1) release_q();
+      softmax(0);
+      pack_p();
+
+      for (int i = 1; i < n_blocks; ++i) {
+        wait_full(full_k, i);
+        turn_wait();
+        issue_qk(i);
+        rescale_o();  // by block i - 1's maxima, before its P V joins O
+        wait_full(full_v, i - 1);
+        issue_pv(i - 1);
+        turn_pass();
+        wgmma_wait<1>();  // S_i is in; P_{i-1} V_{i-1} may still run
+        fence_operand(acc_s[0]);
+        release(empty_k, i);
+        if (i == n_blocks - 1) release_q();
+        softmax(i);
+        wgmma_wait<0>();
+        fence_operand(acc_o);
+        release(empty_v, i - 1);
+        pack_p();
+      }
+
+      rescale_o();
+      wait_full(full_v, n_blocks - 1);
+      turn_wait();
+      issue_pv(n_blocks - 1);
+      if (cw == 0) turn_pass();
+      wgmma_wait<0>();
+      fence_operand(acc_o);
+      release(empty_v, n_blocks - 1);
+    } else if (K::kStoreFromRegisters && tid_wg == 0) {
+      mbar_arrive(empty_q);  // no key: Q is not read
+    }
+
+    // Epilogue (lines 14-15): O / l and LSE; O is stored in rows inside the sequence and
+    // columns inside head_dim only.
+    float* lse = p.lse;
+    T* gO = static_cast<T*>(p.out.data) + w.seq.q_offset(p.out, m0, h);
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(row_sum[r]);
+      inv[r] = softmax_inv_sum(l);
+      const int i = row0 + g + 8 * r;
+      if (lse != nullptr && t == 0 && i < m1) lse[w.seq.lse_index(pr, i, h)] = softmax_lse(row_max[r], l);
+    }
+    if constexpr (K::kStoreFromRegisters) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = row0 + g + 8 * r;
+        if (i < m1) {
+          T* dst = gO + (i - m0) * p.out.row_stride + 2 * t;
+#pragma unroll
+          for (int n = 0; n < kDT; ++n)
+            if (n * 8 + 2 * t < pr.head_dim)
+              *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                  pack2<T>(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
+        }
+      }
+    } else {
+      // Through this warpgroup's rows of the Q buffer, 16-byte rows out.  The thread index
+      // enters through an opaque copy: its addresses are the same in every tile, and hoisted
+      // out of the tile loop they would stay live (and spill) through the main loop.
+      unsigned tid_e = unsigned(tid_wg);
+      asm volatile("" : "+r"(tid_e));
+      named_barrier_sync(kBarEpilogue + cw, 128);  // every warp of the group is done reading its Q rows
+      {
+        const unsigned r = unsigned(row_wg) + (tid_e / 32) * 16 + (tid_e % 32) / 4, c0 = 2 * (tid_e % 4);
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r, c0 + n * 8)) =
+              pack2<T>(acc_o[n][0] * inv[0], acc_o[n][1] * inv[0]);
+          *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r + 8, c0 + n * 8)) =
+              pack2<T>(acc_o[n][2] * inv[1], acc_o[n][3] * inv[1]);
+        }
+      }
+      named_barrier_sync(kBarEpilogue + cw, 128);
+      constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+      const int rows_valid = m1 - m0, cols_valid = pr.head_dim;
+#pragma unroll
+      for (int i = 0; i < 64 * kChunks / 128; ++i) {
+        const unsigned idx = tid_e + i * 128;
+        const int r = row_wg + int(idx / kChunks), c = int(idx % kChunks) * 8;
+        copy_16_if(gO + r * p.out.row_stride + c, sQ + TileQ::offset(r, c), r < rows_valid && c < cols_valid);
+      }
+      // The copy engine may write the next Q over what this thread read: order the reads first.
+      fence_proxy_async_shared();
+      mbar_arrive(empty_q);
+    }
+    it += n_blocks;
+    q_phase ^= 1;
+  });
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace cuda
+}  // namespace fmha
+
+#include <algorithm>
+
+#include "launch.h"
+#include "tma.h"
+
+namespace fmha {
+namespace cuda {
+
+// Returns false, launching nothing, when the copy engine cannot describe the tensors (the
+// caller then runs the mma.sync kernel).
+template <class K>
+bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream) {
+  const fmha_problem& pr = p.problem;
+  const bool varlen = pr.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? pr.total_q : pr.seqlen_q, rows_k = varlen ? pr.total_k : pr.seqlen_k;
+  const int64_t batches = varlen ? 1 : pr.batch;
+  FwdSm90Maps maps;
+  auto encode = [&](CUtensorMap* map, const fmha_tensor& t, int64_t rows, int heads, int box_rows) {
+    return encode_tensor_map(map, t.data, pr.dtype, pr.head_dim, rows, heads, batches, t.row_stride, t.head_stride,
+                             t.batch_stride, K::TileQ::kSlab, box_rows);
+  };
+  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) ||
+      !encode(&maps.k, p.k, rows_k, pr.num_heads_k, K::kBlockN) ||
+      !encode(&maps.v, p.v, rows_k, pr.num_heads_k, K::kBlockN))
+    return false;
+  const int64_t m_blocks = (pr.seqlen_q + K::kBlockM - 1) / K::kBlockM;
+  const int64_t pairs = (m_blocks * pr.num_heads_q * pr.batch + 1) / 2;  // FwdTileOrder
+  if (pairs == 0) return true;
+  const int64_t ctas = varlen ? pairs : std::min<int64_t>(pairs, device_sm_count());
+  const dim3 grid((unsigned)std::min<int64_t>(ctas, INT32_MAX));
+  auto kernel = fwd_sm90_kernel<K>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps);
+  check_cuda(cudaGetLastError(), "fwd_sm90_kernel launch");
+  return true;
+}
+
+}  // namespace cuda
+}  // namespace fmha

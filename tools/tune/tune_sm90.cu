@@ -1,0 +1,149 @@
+// Times candidate tiles of the sm_90a forward (fwd_sm90_kernel.h) on the benchmark's shapes
+// (16,384 tokens, width 2048), without going through the library's dispatch.  Build and
+// run on the GPU machine:
+//   nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a [-DTUNE_D=128] \
+//        -Icsrc -Icsrc/include tools/tune/tune_sm90.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90 && /tmp/tune90
+// TUNE_D builds one head dim's candidates only (64, 96, 128, 192 or 256), so that several
+// builds can run side by side.  Numbers compare configurations with each other; the
+// benchmark (python -m fmha.bench) compares fmha with its peers.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda_fmha/configs.h"
+
+namespace fmha {
+namespace cuda {
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+// TUNE_GRID=pairs launches one CTA per pair of tiles instead of one per multiprocessor.
+int device_sm_count() {
+  if (const char* g = std::getenv("TUNE_GRID"); g != nullptr && std::string(g) == "pairs") return 1 << 30;
+  int device = 0, count = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count;
+}
+void set_max_smem(const void* kernel, int bytes) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
+}
+}  // namespace cuda
+}  // namespace fmha
+
+using namespace fmha;
+using namespace fmha::cuda;
+using T = __nv_bfloat16;
+
+__global__ void fill(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
+  }
+}
+
+struct Shape {
+  int S, D;
+  bool causal;
+  int B() const { return 16384 / S; }
+  int H() const { return 2048 / D; }
+};
+
+template <class F>
+float time_ms(F&& f, int reps = 30) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a);
+  for (int i = 0; i < reps; ++i) f();
+  cudaEventRecord(b);
+  check_cuda(cudaEventSynchronize(b), "run");
+  float ms;
+  cudaEventElapsedTime(&ms, a, b);
+  return ms / reps;
+}
+
+struct Buffers {
+  T *q, *k, *v, *o;
+  float* lse;
+};
+
+template <class K>
+void fwd(const char* name, const Shape& s, Buffers& buf) {
+  if (K::kHeadDim != s.D) return;
+  const int B = s.B(), H = s.H();
+  fmha_fwd_params p{};
+  p.struct_size = sizeof(p);
+  p.device = FMHA_DEVICE_CUDA;
+  fmha_problem& pr = p.problem;
+  pr.dtype = FMHA_DTYPE_BFLOAT16;
+  pr.batch = B;
+  pr.seqlen_q = pr.seqlen_k = s.S;
+  pr.num_heads_q = pr.num_heads_k = H;
+  pr.head_dim = s.D;
+  pr.scale = 1.f / sqrtf((float)s.D);
+  pr.window_left = -1;
+  pr.window_right = s.causal ? 0 : -1;
+  pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+  auto view = [&](T* x) { return fmha_tensor{x, (int64_t)s.S * H * s.D, (int64_t)H * s.D, s.D}; };
+  p.q = view(buf.q), p.k = view(buf.k), p.v = view(buf.v), p.out = view(buf.o);
+  p.lse = buf.lse;
+  const float ms = time_ms([&] {
+    if (!run_fwd_sm90<K>(p, 0)) std::printf("tensor maps refused\n"), std::exit(1);
+  });
+  const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
+  std::printf("%-26s S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s\n", name, s.S, s.D, s.causal ? "causal" : "      ", ms,
+              flops / ms / 1e9);
+}
+
+#define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false>>(#M "x" #N " st" #ST, s, buf)
+#define FWD_NOPP(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, false>>(#M "x" #N " st" #ST " nopp", s, buf)
+
+int main() {
+  std::vector<Shape> shapes;
+  for (int d : {64, 96, 128, 192, 256})
+    for (bool causal : {false, true})
+      for (int S : {512, 1024, 4096, 16384}) shapes.push_back({S, d, causal});
+  const size_t elems = (size_t)16384 * 2048;
+  Buffers buf;
+  for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o}) {
+    check_cuda(cudaMalloc(x, elems * sizeof(T)), "cudaMalloc");
+    fill<<<1024, 256>>>(*x, elems, (uint32_t)(uintptr_t)x);
+  }
+  check_cuda(cudaMalloc(&buf.lse, (size_t)16384 * 32 * 4), "cudaMalloc");
+  for (const Shape& s : shapes) {
+#if !defined(TUNE_D) || TUNE_D == 64
+    FWD(64, 128, 128, 2);
+    FWD(64, 192, 128, 2);
+    FWD(64, 128, 96, 2);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 96
+    FWD(96, 128, 128, 2);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 128
+    FWD(128, 128, 128, 2);
+    FWD(128, 128, 176, 2);
+    FWD_NOPP(128, 128, 128, 2);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 192
+    FWD(192, 128, 96, 2);
+    FWD(192, 128, 112, 2);
+    FWD_NOPP(192, 128, 96, 2);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 256
+    FWD(256, 128, 80, 2);
+    FWD_NOPP(256, 128, 80, 2);
+#endif
+  }
+  return 0;
+}
