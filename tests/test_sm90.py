@@ -1,4 +1,5 @@
-"""The sm_90a forward (wgmma, TMA) on Hopper GPUs: which calls it takes, and that forcing the
+"""The sm_90a forward (wgmma, TMA) on Hopper GPUs (test names carry "cuda" so that the
+GPU half, `-k cuda`, selects them): which calls it takes, and that forcing the
 mma.sync kernels (FMHA_FORCE_MMA_SYNC=1) gives the same answer.  Every other GPU test runs on
 whichever path the dispatch picks, so on an H200 the suite checks the sm_90a kernel; run it
 once more with FMHA_FORCE_MMA_SYNC=1 to check the mma.sync kernels there (tools/gpu_check.sh
@@ -49,7 +50,7 @@ def _ran_sm90(names):
 
 @pytest.mark.parametrize("d", [40, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_default_and_forced_paths_agree(d, dtype):
+def test_cuda_sm90_and_mma_sync_paths_agree(d, dtype):
     q = torch.randn(2, 333, 8, d, device="cuda", dtype=dtype)
     k = torch.randn(2, 517, 2, d, device="cuda", dtype=dtype)
     v = torch.randn(2, 517, 2, d, device="cuda", dtype=dtype)
@@ -68,7 +69,7 @@ def test_default_and_forced_paths_agree(d, dtype):
 
 
 @pytest.mark.parametrize("case", ["dropout", "seqused_k", "head_dim_32", "fp32"])
-def test_calls_the_sm90_forward_does_not_take(case):
+def test_cuda_calls_the_sm90_forward_does_not_take(case):
     # Dropout, seqused_k, head dims up to 32 and fp32 run on the other kernels, with the same
     # meaning (their results are checked by the rest of the suite).
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
