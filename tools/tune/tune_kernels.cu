@@ -8,47 +8,13 @@
 // the same call and run the binaries one after the other (docs/tuning.md).
 // Numbers only compare configurations with each other; the benchmark (python -m fmha.bench)
 // is what compares fmha with its peers.
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#include "cuda_fmha/configs.h"
-
-namespace fmha {
-namespace cuda {
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::printf("%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
-int device_cc_major() {
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  return major;
-}
-void set_max_smem(const void* kernel, int bytes) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
-}
-}  // namespace cuda
-}  // namespace fmha
+#include "tune_common.h"
 
 using namespace fmha;
 using namespace fmha::cuda;
 using T = __nv_bfloat16;
-
-__global__ void fill(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    x[i] = __float2bfloat16(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
-  }
-}
 
 struct Shape {
   int B, S, H, D;
@@ -78,21 +44,6 @@ fmha_tensor view(T* x, const Shape& s) {
   return fmha_tensor{x, (int64_t)s.S * s.H * s.D, (int64_t)s.H * s.D, s.D};
 }
 
-template <class F>
-float time_ms(F&& f, int reps = 20) {
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a);
-  for (int i = 0; i < reps; ++i) f();
-  cudaEventRecord(b);
-  check_cuda(cudaEventSynchronize(b), "run");
-  float ms;
-  cudaEventElapsedTime(&ms, a, b);
-  return ms / reps;
-}
-
 double flops_fwd(const Shape& s) { return 4.0 * s.B * s.H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1); }
 
 template <class K>
@@ -104,7 +55,7 @@ void fwd(const char* name, const Shape& s, Buffers& buf) {
   p.problem = problem(s);
   p.q = view(buf.q, s), p.k = view(buf.k, s), p.v = view(buf.v, s), p.out = view(buf.o, s);
   p.lse = buf.lse;
-  const float ms = time_ms([&] { run_fwd<K>(p, 0); });
+  const float ms = time_ms([&] { run_fwd<K>(p, 0); }, 20);
   std::printf("fwd     %-28s B=%-3d S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s\n", name, s.B, s.S, s.D,
               s.causal ? "causal" : "      ", ms, flops_fwd(s) / ms / 1e9);
 }
@@ -123,7 +74,7 @@ void bwd(const char* name, const Shape& s, Buffers& buf) {
   const float ms = time_ms([&] {
     cudaMemsetAsync(buf.dq_accum, 0, accum);
     run_bwd<K>(p, buf.dq_accum, buf.delta, true, 0);
-  });
+  }, 20);
   std::printf("bwd     %-28s B=%-3d S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s (2.5x fwd flops)\n", name, s.B, s.S,
               s.D, s.causal ? "causal" : "      ", ms, 2.5 * flops_fwd(s) / ms / 1e9);
 }

@@ -4,52 +4,16 @@
 //   nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a [-DTUNE_D=128] \
 //        -Icsrc -Icsrc/include tools/tune/tune_sm90.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90 && /tmp/tune90
 // TUNE_D builds one head dim's candidates only (64, 96, 128, 192 or 256), so that several
-// builds can run side by side.  Numbers compare configurations with each other; the
+// builds can run side by side; TUNE_GRID=pairs launches one CTA per pair of tiles instead
+// of the persistent grid.  Numbers compare configurations with each other; the
 // benchmark (python -m fmha.bench) compares fmha with its peers.
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
-#include "cuda_fmha/configs.h"
-
-namespace fmha {
-namespace cuda {
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::printf("%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
-// TUNE_GRID=pairs launches one CTA per pair of tiles instead of one per multiprocessor.
-int device_sm_count() {
-  if (const char* g = std::getenv("TUNE_GRID"); g != nullptr && std::string(g) == "pairs") return 1 << 30;
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-void set_max_smem(const void* kernel, int bytes) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
-}
-}  // namespace cuda
-}  // namespace fmha
+#include "tune_common.h"
 
 using namespace fmha;
 using namespace fmha::cuda;
 using T = __nv_bfloat16;
-
-__global__ void fill(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    x[i] = __float2bfloat16(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
-  }
-}
 
 struct Shape {
   int S, D;
@@ -57,21 +21,6 @@ struct Shape {
   int B() const { return 16384 / S; }
   int H() const { return 2048 / D; }
 };
-
-template <class F>
-float time_ms(F&& f, int reps = 30) {
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a);
-  for (int i = 0; i < reps; ++i) f();
-  cudaEventRecord(b);
-  check_cuda(cudaEventSynchronize(b), "run");
-  float ms;
-  cudaEventElapsedTime(&ms, a, b);
-  return ms / reps;
-}
 
 struct Buffers {
   T *q, *k, *v, *o;
@@ -100,7 +49,7 @@ void fwd(const char* name, const Shape& s, Buffers& buf) {
   p.lse = buf.lse;
   const float ms = time_ms([&] {
     if (!run_fwd_sm90<K>(p, 0)) std::printf("tensor maps refused\n"), std::exit(1);
-  });
+  }, 30);
   const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
   std::printf("%-26s S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s\n", name, s.S, s.D, s.causal ? "causal" : "      ", ms,
               flops / ms / 1e9);
