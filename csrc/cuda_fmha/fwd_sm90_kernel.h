@@ -33,6 +33,8 @@ struct FwdSm90Maps {
   CUtensorMap q, k, v;
 };
 
+// kBlockM / 64 consumer warpgroups: configs.h uses two; three (192 rows, 160 registers each)
+// exist for tools/tune/tune_sm90.cu, which times but does not check them.
 // kPingPong: two consumers take turns issuing their products, so that one's softmax
 // overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
 template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
