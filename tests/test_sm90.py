@@ -83,3 +83,18 @@ def test_cuda_calls_the_sm90_forward_does_not_take(case):
         fn = lambda: fmha.flash_attn_func(q, k, v, dropout_p=0.1 if case == "dropout" else 0.0)  # noqa: E731
     _, names = _kernels(fn)
     assert names and not _ran_sm90(names), sorted(names)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_sm90_long_key_blocks(causal):
+    # D = 128 takes 176-key blocks where a tile sees at least 8192 keys (half of seqlen_k
+    # under a mask; FwdSm90Tile<128>::kNLong): a last block of 8300 % 176 = 28 live keys.
+    sk = 16600 if causal else 8300
+    q = torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+    (out, lse), names = _kernels(lambda: fmha.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2])
+    assert any("fwd_sm90_kernel" in n and "176" in n for n in names), sorted(names)
+    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(lse, ref_lse, 1e-4, "lse")

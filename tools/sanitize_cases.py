@@ -72,6 +72,7 @@ def main():
     run(2, 600, 700, 8, 2, 40, causal=True)
     run(1, 300, 300, 2, 2, 192, dtype=torch.float16)
     run(3, 260, 100, 4, 4, 80, causal=True)
+    run(1, 200, 8300, 2, 2, 128)  # D = 128's 176-key blocks (at least 8192 keys)
     run_varlen(64, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
     cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))

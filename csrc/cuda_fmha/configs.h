@@ -38,12 +38,18 @@ template <int D>
 constexpr bool kFwdPlain = D == 96 || D == 128;
 
 // The sm_90a forward (fwd_sm90_kernel.h): query rows per CTA (64 per consumer warpgroup),
-// keys per block, ring depth.  Starting points: FlashAttention-3's tiles where they fit this
-// kernel (two consumers, two stages); D = 256's 80-key blocks are what fits 227 KB.
+// keys per block, ring depth, and keys per block where a tile sees kFwdSm90LongKeys keys or
+// more (seqlen_k, half of it under a mask; dispatch.cu).  Measured with
+// tools/tune/tune_sm90.cu on an H200 (docs/tuning.md, "The sm_90a forward"): 128 x 128 at
+// D = 64-128 (D = 128's 176-key blocks, FlashAttention-3's non-causal tile, are 3-7% faster
+// at S = 16k and 1-7% slower at 4k, hence kNLong); 96 keys at D = 192 (112 within +-3%);
+// 80 at D = 256, what fits 227 KB (15% faster than 64 from S = 4k).
 template <int D>
-struct FwdSm90Tile { static constexpr int kM = 128, kN = 128, kStages = 2; };
-template <> struct FwdSm90Tile<192> { static constexpr int kM = 128, kN = 96, kStages = 2; };
-template <> struct FwdSm90Tile<256> { static constexpr int kM = 128, kN = 80, kStages = 2; };
+struct FwdSm90Tile { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = kN; };
+template <> struct FwdSm90Tile<128> { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = 176; };
+template <> struct FwdSm90Tile<192> { static constexpr int kM = 128, kN = 96, kStages = 2, kNLong = kN; };
+template <> struct FwdSm90Tile<256> { static constexpr int kM = 128, kN = 80, kStages = 2, kNLong = kN; };
+constexpr int kFwdSm90LongKeys = 8192;
 // Head dims the sm_90a forward has (others pad up to one; 32 and below run on mma.sync).
 constexpr int kFwdSm90HeadDims[] = {64, 96, 128, 192, 256};
 
@@ -69,9 +75,12 @@ template <class T, int D, bool kDropout, bool kLong = false, bool kScoreMod = tr
 using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : FwdTile<D>::kN, FwdTile<D>::kWarps,
                             kDropout, kScoreMod>;
 
-template <class T, int D, bool kScoreMod>
-using FwdSm90Config = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kStages, kScoreMod>;
-static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448, "the sm90 forward's tiles must fit 227 KB");
+template <class T, int D, bool kScoreMod, bool kLong = false>
+using FwdSm90Config = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, kLong ? FwdSm90Tile<D>::kNLong : FwdSm90Tile<D>::kN,
+                                    FwdSm90Tile<D>::kStages, kScoreMod>;
+static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
+                  FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
+              "the sm90 forward's tiles must fit 227 KB");
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

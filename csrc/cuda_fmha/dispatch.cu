@@ -125,10 +125,21 @@ bool mma_sync_forced() {
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
+template <class T, int D, bool kLong>
+bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  if (score_mods(p.problem)) return run_fwd_sm90<FwdSm90Config<T, D, true, kLong>>(p, s);
+  return run_fwd_sm90<FwdSm90Config<T, D, false, kLong>>(p, s);
+}
+
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s) {
-  if (score_mods(p.problem)) return run_fwd_sm90<FwdSm90Config<T, D, true>>(p, s);
-  return run_fwd_sm90<FwdSm90Config<T, D, false>>(p, s);
+  if constexpr (FwdSm90Tile<D>::kNLong != FwdSm90Tile<D>::kN) {
+    // Keys a query tile sees, roughly, as for the mma.sync forward's long blocks.
+    const fmha_problem& pr = p.problem;
+    const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
+    if ((masked ? pr.seqlen_k / 2 : pr.seqlen_k) >= kFwdSm90LongKeys) return fwd_sm90_instance<T, D, true>(p, s);
+  }
+  return fwd_sm90_instance<T, D, false>(p, s);
 }
 
 // True when the sm_90a forward ran the call.

@@ -62,7 +62,7 @@ int main() {
   std::vector<Shape> shapes;
   for (int d : {64, 96, 128, 192, 256})
     for (bool causal : {false, true})
-      for (int S : {512, 1024, 4096, 16384}) shapes.push_back({S, d, causal});
+      for (int S : {512, 1024, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o}) {

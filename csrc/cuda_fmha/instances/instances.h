@@ -209,7 +209,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, true>>(const fmha_fw
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false>>(const fmha_fwd_params&, cudaStream_t);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true>>(const fmha_fwd_params&, cudaStream_t);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false>>(const fmha_fwd_params&, cudaStream_t);
@@ -219,7 +221,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true>>(const 
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false>>(const fmha_fwd_params&, cudaStream_t);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true>>(const fmha_fwd_params&, cudaStream_t);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_fwd_params&, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_fwd_params&, cudaStream_t);
