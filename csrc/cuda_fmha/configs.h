@@ -41,17 +41,15 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // keys per block, ring depth, and keys per block where a tile sees kFwdSm90LongKeys keys or
 // more (seqlen_k, half of it under a mask; dispatch.cu).  Measured with
 // tools/tune/tune_sm90.cu on an H200 (docs/tuning.md, "The sm_90a forward"): 128 x 128 at
-// D = 64-128 (D = 128's 176-key blocks, FlashAttention-3's non-causal tile, are 3-7% faster
-// at S = 16k and 1-7% slower at 4k, hence kNLong); 96 keys at D = 192 (112 within +-3%);
-// 80 at D = 256, what fits 227 KB (15% faster than 64 from S = 4k).
+// D = 64-128 (D = 128's 176-key blocks, FlashAttention-3's non-causal tile, are 2-7% faster
+// at S = 16k and 0-7% slower at 4k, hence kNLong); 96 keys at D = 192 (112: 4% faster to 10%
+// slower); 80 at D = 256, what fits 227 KB (6-16% faster than 64 from S = 4k).
 template <int D>
 struct FwdSm90Tile { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = kN; };
 template <> struct FwdSm90Tile<128> { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = 176; };
 template <> struct FwdSm90Tile<192> { static constexpr int kM = 128, kN = 96, kStages = 2, kNLong = kN; };
 template <> struct FwdSm90Tile<256> { static constexpr int kM = 128, kN = 80, kStages = 2, kNLong = kN; };
 constexpr int kFwdSm90LongKeys = 8192;
-// Head dims the sm_90a forward has (others pad up to one; 32 and below run on mma.sync).
-constexpr int kFwdSm90HeadDims[] = {64, 96, 128, 192, 256};
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages

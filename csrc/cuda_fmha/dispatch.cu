@@ -104,14 +104,18 @@ void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   run_fwd<FwdConfig<T, D, false, kLong>>(p, s);
 }
 
+// Keys a query tile sees, roughly: seqlen_k (max_seqlen_k for varlen) without a mask, half
+// of it (the causal average) under a causal or windowed one.  Both forwards take longer key
+// blocks above a threshold of it (kFwdLongKeys, kFwdSm90LongKeys).
+int tile_keys(const fmha_problem& pr) {
+  const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
+  return masked ? pr.seqlen_k / 2 : pr.seqlen_k;
+}
+
 template <class T, int D>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
   if constexpr (FwdTile<D>::kNLong != FwdTile<D>::kN) {
-    // Keys a query tile sees, roughly: seqlen_k (max_seqlen_k for varlen) without a mask,
-    // half of it (the causal average) under a causal or windowed one.
-    const fmha_problem& pr = p.problem;
-    const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
-    if ((masked ? pr.seqlen_k / 2 : pr.seqlen_k) >= kFwdLongKeys) return fwd_instance<T, D, true>(p, s);
+    if (tile_keys(p.problem) >= kFwdLongKeys) return fwd_instance<T, D, true>(p, s);
   }
   fwd_instance<T, D, false>(p, s);
 }
@@ -134,10 +138,7 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s) {
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s) {
   if constexpr (FwdSm90Tile<D>::kNLong != FwdSm90Tile<D>::kN) {
-    // Keys a query tile sees, roughly, as for the mma.sync forward's long blocks.
-    const fmha_problem& pr = p.problem;
-    const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
-    if ((masked ? pr.seqlen_k / 2 : pr.seqlen_k) >= kFwdSm90LongKeys) return fwd_sm90_instance<T, D, true>(p, s);
+    if (tile_keys(p.problem) >= kFwdSm90LongKeys) return fwd_sm90_instance<T, D, true>(p, s);
   }
   return fwd_sm90_instance<T, D, false>(p, s);
 }

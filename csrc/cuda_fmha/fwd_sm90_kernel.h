@@ -61,7 +61,8 @@ struct FwdSm90Traits {
   // registers, which frees the Q buffer after the tile's last S = Q K^T so that the next
   // tile's Q loads during the last P V and the epilogue (4-7% faster than staging at
   // D = 64); above, staged in 16-byte rows through the consumer's rows of the Q buffer
-  // (the direct stores, four bytes each, cost 4% at D = 128 and 2-13% at D = 192 and 256).
+  // (the direct stores, four bytes each, cost 1-5% at D = 128 and up to 11% and 14% at
+  // D = 192 and 256).
   static constexpr bool kStoreFromRegisters = kHeadDim <= 64;
   // Shared memory: Q | K ring | V ring | mbarriers; every tile starts on a 1024-byte line,
   // the period of the 128-byte swizzle.
