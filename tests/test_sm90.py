@@ -1,10 +1,12 @@
-"""The sm_90a forward (wgmma, TMA) on Hopper GPUs (test names carry "cuda" so that the
-GPU half, `-k cuda`, selects them): which calls it takes, and that forcing the
-mma.sync kernels (FMHA_FORCE_MMA_SYNC=1) gives the same answer.  Every other GPU test runs on
+"""The sm_90a forward and backward (wgmma, TMA) on Hopper GPUs (test names carry "cuda" so
+that the GPU half, `-k cuda`, selects them): which calls they take, that forcing the
+mma.sync kernels (FMHA_FORCE_MMA_SYNC=1) gives the same answer, and the backward's features
+at the head dims it runs (most of test_backward.py runs at D = 32, on mma.sync).  Every other GPU test runs on
 whichever path the dispatch picks, so on an H200 the suite checks the sm_90a kernel; run it
 once more with FMHA_FORCE_MMA_SYNC=1 to check the mma.sync kernels there (tools/gpu_check.sh
 does both)."""
 
+import itertools
 import os
 
 import pytest
@@ -12,7 +14,8 @@ import torch
 
 import fmha
 from fmha import _C
-from conftest import OUT_TOL, assert_close
+from conftest import (OUT_TOL, assert_close, check_backward, flash_call, leaf, op_call, poison_memory,
+                      poisoned_outputs, randn, varlen_call)
 from reference import attention_ref
 
 
@@ -98,3 +101,118 @@ def test_cuda_sm90_long_key_blocks(causal):
     ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal)
     assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
     assert_close(lse, ref_lse, 1e-4, "lse")
+
+
+# ---------------------------------------------------------------- backward
+
+
+def _ran_sm90_bwd(names):
+    return any("bwd_sm90_kernel" in n for n in names)
+
+
+def _qkv(B, sq, sk, hq, hk, d, dtype=torch.bfloat16, scale=1.0):
+    return (randn(B, sq, hq, d, dtype=dtype, scale=scale), randn(B, sk, hk, d, dtype=dtype),
+            randn(B, sk, hk, d, dtype=dtype))
+
+
+def _check_sm90_backward(q, k, v, call, ref_kwargs):
+    """check_backward (float64 reference, poisoned outputs, CPU backend) with the sm_90a
+    backward asserted to have run."""
+    res, names = _kernels(lambda: check_backward("cuda", q, k, v, call, ref_kwargs))
+    assert _ran_sm90_bwd(names), f"the sm_90a backward did not run: {sorted(names)}"
+    return res
+
+
+# Head dims 33-64 and 97-128 run on it (padded to 64 and 128); 333 queries and 517 keys
+# are no multiple of the 64-row query blocks or the 128-key blocks; GQA 8:2.
+@pytest.mark.parametrize("d", [40, 64, 104, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_cuda_sm90_backward_head_dims(d, dtype):
+    q, k, v = _qkv(2, 333, 517, 8, 2, d, dtype)
+    _check_sm90_backward(q, k, v, flash_call(causal=True), dict(causal=True))
+
+
+_SLOPES = torch.rand(2, 4)
+BWD_FEATURES = {
+    "full": (300, 200, flash_call(), {}),
+    "window": (260, 300, flash_call(window_size=(50, 10)), dict(window_size=(50, 10))),
+    "causal_rows_see_nothing": (300, 100, flash_call(causal=True), dict(causal=True)),
+    "top_left_causal_sq_gt_sk": (300, 150, op_call(top_left=True, causal=True), dict(top_left=True, causal=True)),
+    "top_left_causal_sq_lt_sk": (150, 300, op_call(top_left=True, causal=True), dict(top_left=True, causal=True)),
+    "top_left_window": (200, 260, op_call(top_left=True, window_size=(40, 7)), dict(top_left=True, window_size=(40, 7))),
+    "softcap": (200, 230, flash_call(softcap=5.0, causal=True), dict(softcap=5.0, causal=True)),
+    "alibi": (200, 230, flash_call(alibi_slopes=_SLOPES, causal=True), dict(alibi_slopes=_SLOPES, causal=True)),
+    "scale": (130, 140, flash_call(softmax_scale=0.37), dict(softmax_scale=0.37)),
+}
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("feature", list(BWD_FEATURES))
+def test_cuda_sm90_backward_features(feature, d):
+    sq, sk, call, ref = BWD_FEATURES[feature]
+    q, k, v = _qkv(2, sq, sk, 4, 2, d, scale=4.0 if feature == "softcap" else 1.0)
+    res = _check_sm90_backward(q, k, v, call, ref)
+    if feature == "causal_rows_see_nothing":
+        assert (res["dq"][:, :200] == 0).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_sm90_backward_varlen_empty_sequences(d):
+    lens_q, lens_k = [0, 70, 1, 133, 0, 300], [5, 0, 64, 200, 0, 260]
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
+    q = randn(int(cu_q[-1]), 6, d, dtype=torch.bfloat16)
+    k, v = (randn(int(cu_k[-1]), 2, d, dtype=torch.bfloat16) for _ in range(2))
+    for causal in (False, True):
+        _check_sm90_backward(q, k, v, varlen_call(cu_q, cu_k, max(lens_q), max(lens_k), causal=causal),
+                             dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+
+
+def test_cuda_sm90_backward_long_sequence():
+    q, k, v = _qkv(1, 2100, 2100, 2, 1, 128)
+    _check_sm90_backward(q, k, v, flash_call(causal=True), dict(causal=True))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_sm90_backward_deterministic(d):
+    # dK and dV from the sm_90a kernel (summed in registers in a fixed order), dQ from
+    # bwd_dq_kernel: bitwise the same run to run, and close to the reference.
+    q, k, v = _qkv(2, 300, 340, 8, 2, d)
+    dout = randn(2, 300, 8, d, dtype=torch.bfloat16)
+
+    def grads():
+        leaves = [leaf(t.cuda()) for t in (q, k, v)]
+        with poisoned_outputs():
+            fmha.flash_attn_func(*leaves, causal=True, window_size=(90, -1), deterministic=True).backward(dout.cuda())
+        return [t.grad.clone() for t in leaves]
+
+    first, names = _kernels(grads)
+    assert _ran_sm90_bwd(names) and any("bwd_dq_kernel" in n for n in names), sorted(names)
+    poison_memory(*first)
+    second = grads()
+    for name, a, b in zip(("dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
+    opts = dict(causal=True, window_size=(90, -1), deterministic=True)
+    ref = dict(causal=True, window_size=(90, -1))
+    _check_sm90_backward(q, k, v, flash_call(**opts), ref)
+
+
+@pytest.mark.parametrize("case", ["dropout", "seqused_k", "head_dim_32", "head_dim_96", "head_dim_256", "fp32"])
+def test_cuda_calls_the_sm90_backward_does_not_take(case):
+    # They run on the mma.sync backward, with the same meaning (checked by the rest of the
+    # suite).
+    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    d = {"head_dim_32": 32, "head_dim_96": 96, "head_dim_256": 256}.get(case, 64)
+    q, k, v = (leaf(torch.randn(1, 100, 2, d, device="cuda", dtype=dtype)) for _ in range(3))
+
+    def run():
+        if case == "seqused_k":
+            cu = torch.tensor([0, 100], dtype=torch.int32, device="cuda")
+            used = torch.tensor([60], dtype=torch.int32, device="cuda")
+            out = fmha.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 100, 100, seqused_k=used)
+        else:
+            out = fmha.flash_attn_func(q, k, v, dropout_p=0.1 if case == "dropout" else 0.0)
+        out.sum().backward()
+
+    _, names = _kernels(run)
+    assert any("bwd" in n for n in names) and not _ran_sm90_bwd(names), sorted(names)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A representative set of fmha GPU calls for compute-sanitizer (memcheck, racecheck):
 tile-unaligned lengths, causal/window/softcap/ALiBi/dropout, GQA, varlen with an empty
-sequence, deterministic and atomic backward, each head-dim class once; decode with paged,
-8-bit and split caches, appends, rotary, and metadata out of range (clamped).
+sequence, deterministic and atomic backward, each head-dim class once, the sm_90a forward
+and backward; decode with paged, 8-bit and split caches, appends, rotary, and metadata out of
+range (clamped).
 
     compute-sanitizer --tool memcheck --kernel-regex kns=fmha python tools/sanitize_cases.py
 """
@@ -73,6 +74,10 @@ def main():
     run(1, 300, 300, 2, 2, 192, dtype=torch.float16)
     run(3, 260, 100, 4, 4, 80, causal=True)
     run(1, 200, 8300, 2, 2, 128)  # D = 128's 176-key blocks (at least 8192 keys)
+    # sm_90a backward: GQA with a window in deterministic mode (dQ from bwd_dq_kernel), score
+    # mods at D = 64 (64-row query blocks); the cases above run it at D = 40 and 128.
+    run(1, 150, 170, 8, 2, 128, causal=True, window_size=(50, -1), deterministic=True)
+    run(2, 130, 200, 4, 2, 64, softcap=5.0)
     run_varlen(64, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
     cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))

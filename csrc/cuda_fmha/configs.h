@@ -4,6 +4,7 @@
 #pragma once
 
 #include "bwd_kernel.h"
+#include "bwd_sm90_kernel.h"
 #include "decode_kernel.h"
 #include "fwd_kernel.h"
 #include "fwd_sm90_kernel.h"
@@ -79,6 +80,13 @@ using FwdSm90Config = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, kLong ? FwdSm90Til
 static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
               "the sm90 forward's tiles must fit 227 KB");
+
+// The sm_90a backward (bwd_sm90_kernel.h): 128 keys per CTA (64 per consumer warpgroup),
+// 64-row query blocks in a ring of two stages, at head dims 64 and 128; others, dropout and
+// seqused_k run on the mma.sync backward.
+template <class T, int D, bool kScoreMod>
+using BwdSm90Config = BwdSm90Traits<T, D, D == 64 && !kScoreMod ? 128 : 64, 2, kScoreMod>;
+static_assert(BwdSm90Config<__half, 128, true>::kSmemBytes <= 232448, "the sm90 backward's tiles must fit 227 KB");
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

@@ -209,8 +209,43 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
 
+// The sm_90a backward (wgmma, TMA) runs dK and dV, and dQ through the fp32 accumulator, on
+// compute capability 9.0 GPUs for head dims 33-64 and 97-128 without dropout or seqused_k
+// (the same FMHA_FORCE_MMA_SYNC switch as the forward); in deterministic mode dQ then
+// comes from the mma.sync bwd_dq_kernel.
+template <class T, int D>
+bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+  float* accum = p.deterministic ? nullptr : dq_accum;
+  if (score_mods(p.problem)) {
+    if (!run_bwd_sm90<BwdSm90Config<T, D, true>>(p, accum, delta, s)) return false;
+    if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, true>>(p, delta, s);
+  } else {
+    if (!run_bwd_sm90<BwdSm90Config<T, D, false>>(p, accum, delta, s)) return false;
+    if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, false>>(p, delta, s);
+  }
+  return true;
+}
+
+// True when the sm_90a backward ran the call.
+template <class T>
+bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+#ifdef FMHA_WITH_SM90A
+  const fmha_problem& pr = p.problem;
+  if (pr.dropout_p > 0.f || pr.seqused_k != nullptr || device_cc_major() != 9 || mma_sync_forced()) return false;
+  switch (padded_head_dim(pr.head_dim)) {
+    case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, s);
+    case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, s);
+    default: return false;
+  }
+#else
+  (void)p, (void)dq_accum, (void)delta, (void)s;
+  return false;
+#endif
+}
+
 template <class T>
 void bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+  if (bwd_sm90<T>(p, dq_accum, delta, s)) return;
   switch (padded_head_dim(p.problem.head_dim)) {
     case 32: return bwd_features<T, 32>(p, dq_accum, delta, s);
     case 64: return bwd_features<T, 64>(p, dq_accum, delta, s);

@@ -60,9 +60,10 @@ struct ScoreMod {
   // masked.  The
   // warp's 16-row blocks start at rows row0 + m * row_stride; columns at n0.  With
   // kKeepTanh, th receives tanh(s / softcap) for the softcap gradient (0 without softcap,
-  // so its factor 1 - th^2 is 1).  Each option is a
+  // so its factor 1 - th^2 is 1).  kKeysInRows: the tile is transposed, rows are keys j and
+  // columns queries i (the sm_90a backward's S^T = K Q^T).  Each option is a
   // separate pass so that the uniform branch sits outside the unrolled loops.
-  template <bool kKeepTanh, int MT, int NT>
+  template <bool kKeepTanh, bool kKeysInRows = false, int MT, int NT>
   __device__ __forceinline__ void apply(float (&acc)[MT][NT][4], float (&th)[MT][NT][4], int row0, int row_stride,
                                         int n0, int lane, bool mask) const {
     const int g = lane / 4, t = lane % 4;
@@ -95,7 +96,8 @@ struct ScoreMod {
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = row0 + m * row_stride + g + 8 * (e / 2), j = n0 + n * 8 + 2 * t + (e % 2);
+            const int r = row0 + m * row_stride + g + 8 * (e / 2), c = n0 + n * 8 + 2 * t + (e % 2);
+            const int i = kKeysInRows ? c : r, j = kKeysInRows ? r : c;
             acc[m][n][e] -= slope_log2 * geom.alibi_distance(i, j);
           }
     }
@@ -106,7 +108,8 @@ struct ScoreMod {
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = row0 + m * row_stride + g + 8 * (e / 2), j = n0 + n * 8 + 2 * t + (e % 2);
+            const int r = row0 + m * row_stride + g + 8 * (e / 2), c = n0 + n * 8 + 2 * t + (e % 2);
+            const int i = kKeysInRows ? c : r, j = kKeysInRows ? r : c;
             if (!(i < geom.seqlen_q && j < geom.seqlen_k && geom.visible(i, j))) acc[m][n][e] = -INFINITY;
           }
     }

@@ -17,13 +17,14 @@ namespace cuda {
 // kRows x kCols 16-bit elements as kCols / kSlab column slabs of kRows x kSlab, each row of
 // a slab one swizzle span (128 bytes for kSlab = 64, 64 for kSlab = 32, which D = 96 needs):
 // the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B and a box of kSlab x kRows,
-// and the one wgmma's descriptors describe.  Within a slab, row r's 16-byte chunk c lies at
+// and the one wgmma's descriptors describe.  kSlab_ narrows the slabs of a tile whose
+// columns wgmma must address in 32-column halves (the backward's K at D = 64).  Within a slab, row r's 16-byte chunk c lies at
 // chunk c ^ swizzle(r), the same function as SmemTile's (smem.h), so eight consecutive rows
 // of one chunk column fall in eight different bank groups.
-template <int kRows, int kCols>
+template <int kRows, int kCols, int kSlab_ = (kCols % 64 == 0 ? 64 : 32)>
 struct Sm90Tile {
-  static_assert(kCols % 32 == 0 && kRows % 8 == 0, "tile shape");
-  static constexpr int kSlab = kCols % 64 == 0 ? 64 : 32;  // elements per slab row
+  static_assert(kCols % kSlab_ == 0 && (kSlab_ == 32 || kSlab_ == 64) && kRows % 8 == 0, "tile shape");
+  static constexpr int kSlab = kSlab_;  // elements per slab row
   static constexpr int kSlabs = kCols / kSlab;
   static constexpr int kSpan = kSlab * 2;                  // bytes per slab row: the swizzle span
   static constexpr int kSlabBytes = kRows * kSpan;

@@ -1,0 +1,427 @@
+// Attention backward on sm_90a (the math of bwd_kernel.h, FlashAttention-3's layout of it)
+// on our tile layer (tile/sm90.h).  A CTA owns kBlockN keys of one KV head and walks over
+// every query block that sees them, for every query head of the group (dK and dV sum over
+// the group in registers).  Its threads split into warpgroups by role:
+//
+//   producer (warpgroup 0): one thread brings K and V once, then each query block's Q and
+//     dO, by TMA into a ring of kStages stages; warp 1 fills the stage's LSE (log2 units)
+//     and D = rowsum(dO * O) - dLSE; warp 2 hands each block's dQ to the copy engine, which
+//     adds it into the fp32 accumulator (one bulk reduction per block).
+//   consumers (warpgroups 1, 2, 64 keys each): per query block
+//       S^T = K Q^T and dP^T = V dO^T                 (wgmma, both operands from shared)
+//       P^T = exp2(S^T - LSE), dS^T = P^T (dP^T - D)   (registers)
+//       dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
+//       dQ = dS K, each consumer half of dQ's columns  (wgmma, dS^T through shared memory)
+//
+// Keys in rows (S^T rather than S) puts P^T and dS^T in the accumulator layout that is
+// wgmma's A operand, so dV and dK take them from registers; only dQ needs dS in shared
+// memory, read transposed.  Without atomic dQ (deterministic mode) the consumers skip the
+// dQ product and bwd_dq_kernel computes dQ afterwards.
+#pragma once
+
+#include <math.h>
+
+#include "../common/sequence.h"
+#include "../common/softmax.h"
+#include "bwd_kernel.h"
+#include "fmha/fmha.h"
+#include "scores.h"
+#include "tile/mma.h"
+#include "tile/sm90.h"
+
+namespace fmha {
+namespace cuda {
+
+struct BwdSm90Maps {
+  CUtensorMap q, k, v, dout;
+};
+
+template <class T_, int kHeadDim_, int kBlockM_, int kStages_, bool kScoreMod_>
+struct BwdSm90Traits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kStages = kStages_;
+  static constexpr bool kScoreMod = kScoreMod_;
+  static constexpr int kConsumers = 2, kBlockN = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kNT = kBlockM / 8;   // 8-column (query) blocks of S^T per thread
+  static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of dK, dV
+  // dQ's columns per consumer, and the slab width of K, which dQ = dS K reads MN-major in
+  // these column ranges (a descriptor starts on a slab).
+  static constexpr int kDqCols = kHeadDim / kConsumers;
+  static_assert(kDqCols == 32 || kDqCols == 64, "head dims 64 and 128");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "query block: one or two 64-row dQ products");
+  static constexpr int kDqBlocks = kBlockM / 64;  // 64-row dQ products per consumer
+  using TileQ = Sm90Tile<kBlockM, kHeadDim>;             // Q and dO stages
+  using TileK = Sm90Tile<kBlockN, kHeadDim, kDqCols>;
+  using TileV = Sm90Tile<kBlockN, kHeadDim>;
+  using TileDS = Sm90Tile<kBlockN, kBlockM>;             // dS^T, keys in rows
+  static_assert(TileK::kBytes == TileV::kBytes, "one transaction count for K and V");
+  // Registers per thread after setmaxnreg: what the producer gives up (168 - 24 per thread,
+  // launched at 65536 / 384 rounded down to 168) is all the consumers can take (240 - 168).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | dQ (fp32) | LSE, D rings |
+  // mbarriers.  Tiles start on 1024-byte lines (the 128-byte swizzle's period).
+  static constexpr int kOffV = TileK::kBytes;
+  static constexpr int kOffQ = kOffV + TileV::kBytes;
+  static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
+  static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
+  static constexpr int kOffDQ = kOffDS + 2 * TileDS::kBytes;
+  static constexpr int kOffLse = kOffDQ + kBlockM * kHeadDim * 4;
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffBar = kOffDelta + kStages * kBlockM * 4;
+  static constexpr int kBars = 1 + 2 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
+  static_assert(TileQ::kBytes % 1024 == 0 && TileK::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
+                "tiles on 1024-byte lines");
+};
+
+// Named barriers (0 is __syncthreads): dS^T complete (the consumers), and the dQ buffer
+// handed between the consumers and the dQ warp.
+constexpr int kBarDs = 1, kBarDqEmpty = 2, kBarDqFull = 3;
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ fmha_bwd_params p, const __grid_constant__ BwdSm90Maps maps,
+                    float* dq_accum, const float* delta_ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename K::T;
+  using TileQ = typename K::TileQ;
+  using TileK = typename K::TileK;
+  using TileV = typename K::TileV;
+  using TileDS = typename K::TileDS;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
+  constexpr int kNT = K::kNT, kDT = K::kDT;
+  constexpr int kDqThreads = 128 * K::kConsumers + 32;  // the consumers and the dQ warp
+
+  const fmha_problem& pr = p.problem;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::get(pr, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= seq.k_rows) return;
+  const int group = pr.num_heads_q / pr.num_heads_k;
+  const bool dq = dq_accum != nullptr;
+
+  const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
+                                               pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+  int m_begin = 0, n_m = 0;
+  if (n0 < seq.len_k) {
+    m_begin = geom.query_begin(n0) / kBlockM;
+    n_m = max(0, (geom.query_end(min(n0 + kBlockN, seq.len_k)) + kBlockM - 1) / kBlockM - m_begin);
+  }
+  const int n_iters = group * n_m;
+  // Iteration it covers head hk * group + it / n_m, query block m_begin + it % n_m; every
+  // role advances the pair by one step.
+  struct Step {
+    int h, m0;
+  };
+  auto next = [&](Step s) {
+    s.m0 += kBlockM;
+    if (s.m0 == (m_begin + n_m) * kBlockM) s.m0 = m_begin * kBlockM, ++s.h;
+    return s;
+  };
+  const Step first{hk * group, m_begin * kBlockM};
+
+  extern __shared__ char smem_raw[];
+  char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = reinterpret_cast<T*>(smem + K::kOffV);
+  T* sQ = reinterpret_cast<T*>(smem + K::kOffQ);
+  T* sdO = reinterpret_cast<T*>(smem + K::kOffDO);
+  T* sdS = reinterpret_cast<T*>(smem + K::kOffDS);
+  float* sdQ = reinterpret_cast<float*>(smem + K::kOffDQ);
+  float* sLse = reinterpret_cast<float*>(smem + K::kOffLse);
+  float* sDelta = reinterpret_cast<float*>(smem + K::kOffDelta);
+  uint64_t* full_kv = reinterpret_cast<uint64_t*>(smem + K::kOffBar);
+  uint64_t* full = full_kv + 1;
+  uint64_t* empty = full + kStages;
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+  if (tid == 0) {
+    mbar_init(full_kv, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full + s, 1 + 32);           // the TMA thread's, and each lane of the LSE warp
+      mbar_init(empty + s, K::kConsumers);   // one arrival per consumer warpgroup
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  // ---------------------------------------------------------------- producer
+  if (wg == 0) {
+    setmaxnreg_dec<K::kProducerRegs>();
+    const int warp = tid / 32;
+    if (n_iters == 0) return;
+    const int batch = seq.varlen ? 0 : b;  // varlen maps span the packed rows of one "batch"
+    if (warp == 0) {
+      if (lane != 0) return;
+      prefetch_tensormap(&maps.q);
+      prefetch_tensormap(&maps.dout);
+      mbar_arrive_expect_tx(full_kv, TileK::kBytes + TileV::kBytes);
+      const int k_row = (int)seq.k_row0 + n0;
+#pragma unroll
+      for (int s = 0; s < TileK::kSlabs; ++s)
+        tma_load_4d(sK + s * (TileK::kSlabBytes / 2), &maps.k, full_kv, s * TileK::kSlab, k_row, hk, batch);
+#pragma unroll
+      for (int s = 0; s < TileV::kSlabs; ++s)
+        tma_load_4d(sV + s * (TileV::kSlabBytes / 2), &maps.v, full_kv, s * TileV::kSlab, k_row, hk, batch);
+      Step cur = first;
+      for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+        const int st = it % kStages;
+        mbar_wait(empty + st, ((it / kStages) & 1) ^ 1);  // the first pass finds the stages free
+        mbar_arrive_expect_tx(full + st, 2 * TileQ::kBytes);
+        const int q_row = (int)seq.q_row0 + cur.m0;
+        T* q_st = sQ + st * (TileQ::kBytes / 2);
+        T* do_st = sdO + st * (TileQ::kBytes / 2);
+#pragma unroll
+        for (int s = 0; s < TileQ::kSlabs; ++s) {
+          tma_load_4d(q_st + s * (TileQ::kSlabBytes / 2), &maps.q, full + st, s * TileQ::kSlab, q_row, cur.h, batch);
+          tma_load_4d(do_st + s * (TileQ::kSlabBytes / 2), &maps.dout, full + st, s * TileQ::kSlab, q_row, cur.h,
+                      batch);
+        }
+      }
+    } else if (warp == 1) {
+      // LSE in log2 units (+inf past the sequence: P = 0 there) and D, per stage.
+      Step cur = first;
+      for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+        const int st = it % kStages;
+        mbar_wait(empty + st, ((it / kStages) & 1) ^ 1);
+        const int rows = seq.len_q - cur.m0;
+        const float* lse = p.lse + seq.lse_index(pr, cur.m0, cur.h);  // a head's rows are contiguous
+        const float* delta = delta_ws + (lse - p.lse);
+        for (int r = lane; r < kBlockM; r += 32) {
+          sLse[st * kBlockM + r] = r < rows ? lse_log2(lse[r]) : INFINITY;
+          sDelta[st * kBlockM + r] = r < rows ? delta[r] : 0.f;
+        }
+        mbar_arrive(full + st);
+      }
+    } else if (warp == 2 && dq) {
+      // Each block's dQ, once both consumers have written it, goes out as one bulk
+      // reduction; the buffer is handed back once the copy engine has read it.
+      named_barrier_arrive(kBarDqEmpty, kDqThreads);
+      Step cur = first;
+      for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+        named_barrier_sync(kBarDqFull, kDqThreads);
+        if (lane == 0) {
+          const int rows = min(kBlockM, seq.len_q - cur.m0);
+          bulk_reduce_add_f32(dq_accum + dq_accum_index(pr, seq, cur.m0, cur.h, D), sdQ, (uint32_t)(rows * D * 4));
+          bulk_commit();
+          bulk_wait_read();
+        }
+        __syncwarp();
+        if (it + 1 < n_iters) named_barrier_arrive(kBarDqEmpty, kDqThreads);
+      }
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  setmaxnreg_inc<K::kConsumerRegs>();
+  const int cw = wg - 1;  // consumer index
+  const int tid_wg = tid % 128, warp_wg = tid_wg / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key_wg = cw * 64;                        // this consumer's first key row in the block
+  const int key0 = n0 + key_wg + warp_wg * 16;       // this warp's first key
+  const KMajorDesc<TileK> desc_k(sK, key_wg);        // A of S^T = K Q^T
+  const KMajorDesc<TileV> desc_v(sV, key_wg);        // A of dP^T = V dO^T
+  const MnMajorDesc<TileK> desc_kt(sK + cw * (TileK::kSlabBytes / 2));  // B of dQ = dS K: this consumer's columns
+
+  float acc_dk[kDT][4], acc_dv[kDT][4];
+#pragma unroll
+  for (int n = 0; n < kDT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0.f;
+
+  if (n_iters > 0) mbar_wait(full_kv, 0);
+  Step cur = first;
+  for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+    const int st = it % kStages, h = cur.h, m0 = cur.m0;
+    const T* sQs = sQ + st * (TileQ::kBytes / 2);
+    const T* sdOs = sdO + st * (TileQ::kBytes / 2);
+    const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, geom, b, h);
+    mbar_wait(full + st, (it / kStages) & 1);
+
+    // S^T = K Q^T and dP^T = V dO^T, two groups.
+    float acc_s[1][kNT][4], acc_dp[1][kNT][4], th[1][kNT][4];
+    {
+      const KMajorDesc<TileQ> desc_q(sQs, 0), desc_do(sdOs, 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        Wgmma<T, kBlockM>::template ss<0, 0>(acc_s[0], desc_k.k_desc(kk), desc_q.k_desc(kk), kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        Wgmma<T, kBlockM>::template ss<0, 0>(acc_dp[0], desc_v.k_desc(kk), desc_do.k_desc(kk), kk > 0);
+      wgmma_commit();
+    }
+    wgmma_wait<1>();
+    fence_operand(acc_s[0]);
+
+    // P^T = exp2(S^T - LSE): this thread's columns are queries n * 8 + 2t (+1).
+    score.template apply<K::kScoreMod, true>(acc_s, th, key0, 16, m0, lane,
+                                             score.needs_mask(m0, m0 + kBlockM, n0 + key_wg, 64));
+    const float* lse_st = sLse + st * kBlockM;
+    const float* delta_st = sDelta + st * kBlockM;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const float2 l = *reinterpret_cast<const float2*>(lse_st + n * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -(e % 2 ? l.y : l.x)));
+    }
+    wgmma_wait<0>();
+    fence_operand(acc_dp[0]);
+    // dS^T = P^T (dP^T - D) (* softcap').
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta_st + n * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float ds = acc_s[0][n][e] * (acc_dp[0][n][e] - (e % 2 ? dl.y : dl.x));
+        if (K::kScoreMod) ds *= 1.f - th[0][n][e] * th[0][n][e];
+        acc_dp[0][n][e] = ds;
+      }
+    }
+    uint32_t a_p[1][kNT / 2][4], a_ds[1][kNT / 2][4];
+    acc_to_a<T>(a_p, acc_s);
+    acc_to_a<T>(a_ds, acc_dp);
+
+    // dV += P^T dO, dK += dS^T Q (dO and Q are MN-major B operands: K = queries).
+    {
+      const MnMajorDesc<TileQ> desc_dot(sdOs), desc_qt(sQs);
+      fence_operand(acc_dv);
+      fence_operand(acc_dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) Wgmma<T, D>::template rs<1>(acc_dv, a_p[0][kk], desc_dot.k_desc(kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) Wgmma<T, D>::template rs<1>(acc_dk, a_ds[0][kk], desc_qt.k_desc(kk), 1);
+      wgmma_commit();
+    }
+
+    if (dq) {
+      // dS^T into its buffer (the A fragments' layout: rows g, g + 8, columns 2t, 8 + 2t of
+      // each 16-column step), then dQ = dS K over all keys, this consumer's columns.
+      T* sdSs = sdS + (it % 2) * (TileDS::kBytes / 2);
+      const unsigned r = unsigned(key_wg + warp_wg * 16 + g);
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        const unsigned c = unsigned(16 * kk + 2 * t);
+        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r, c)) = a_ds[0][kk][0];
+        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r + 8, c)) = a_ds[0][kk][1];
+        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r, c + 8)) = a_ds[0][kk][2];
+        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r + 8, c + 8)) = a_ds[0][kk][3];
+      }
+      fence_proxy_async_shared();  // visible to wgmma after the barrier
+      named_barrier_sync(kBarDs, 128 * K::kConsumers);
+      float acc_dq[K::kDqBlocks][K::kDqCols / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int mb = 0; mb < K::kDqBlocks; ++mb) {
+        const MnMajorDesc<TileDS> desc_ds(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_ds.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+      fence_operand(acc_dv);
+      fence_operand(acc_dk);
+      if (tid_wg == 0) mbar_arrive(empty + st);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
+
+      // dQ into the fp32 buffer in the accumulator's layout (swizzle included), for the dQ
+      // warp's bulk reduction.
+      named_barrier_sync(kBarDqEmpty, kDqThreads);
+      const int64_t lse0 = seq.lse_index(pr, m0, h);
+#pragma unroll
+      for (int mb = 0; mb < K::kDqBlocks; ++mb)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int row = mb * 64 + warp_wg * 16 + g + 8 * rr;
+          const int swizzle = dq_accum_swizzle(lse0 + row);
+          float* dst = sdQ + row * D;
+#pragma unroll
+          for (int n = 0; n < K::kDqCols / 8; ++n) {
+            const int c = cw * K::kDqCols + n * 8 + 2 * t;
+            *reinterpret_cast<float2*>(dst + (c ^ swizzle)) =
+                make_float2(acc_dq[mb][n][2 * rr], acc_dq[mb][n][2 * rr + 1]);
+          }
+        }
+      fence_proxy_async_shared();
+      named_barrier_arrive(kBarDqFull, kDqThreads);
+    } else {
+      wgmma_wait<0>();
+      fence_operand(acc_dv);
+      fence_operand(acc_dk);
+      if (tid_wg == 0) mbar_arrive(empty + st);
+    }
+  }
+
+  // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys and
+  // columns inside head_dim only.
+  T* gdk = static_cast<T*>(p.dk.data) + seq.k_offset(p.dk, n0, hk);
+  T* gdv = static_cast<T*>(p.dv.data) + seq.k_offset(p.dv, n0, hk);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int j = key_wg + warp_wg * 16 + g + 8 * rr;
+    if (n0 + j < seq.k_rows) {
+#pragma unroll
+      for (int n = 0; n < kDT; ++n) {
+        const int c = n * 8 + 2 * t;
+        if (c < pr.head_dim) {
+          *reinterpret_cast<uint32_t*>(gdk + j * p.dk.row_stride + c) =
+              pack2<T>(acc_dk[n][2 * rr] * pr.scale, acc_dk[n][2 * rr + 1] * pr.scale);
+          *reinterpret_cast<uint32_t*>(gdv + j * p.dv.row_stride + c) =
+              pack2<T>(acc_dv[n][2 * rr], acc_dv[n][2 * rr + 1]);
+        }
+      }
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace cuda
+}  // namespace fmha
+
+#include "launch.h"
+#include "tma.h"
+
+namespace fmha {
+namespace cuda {
+
+// Returns false, launching nothing, when the copy engine cannot describe the tensors or the
+// dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
+// dq_accum == nullptr: dK and dV only (deterministic mode; bwd_dq_kernel computes dQ).
+template <class K>
+bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t stream) {
+  const fmha_problem& pr = p.problem;
+  if (reinterpret_cast<uintptr_t>(dq_accum) % 16 != 0) return false;
+  const bool varlen = pr.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? pr.total_q : pr.seqlen_q, rows_k = varlen ? pr.total_k : pr.seqlen_k;
+  const int64_t batches = varlen ? 1 : pr.batch;
+  BwdSm90Maps maps;
+  auto encode = [&](CUtensorMap* map, const fmha_tensor& t, int64_t rows, int heads, int slab, int box_rows) {
+    return encode_tensor_map(map, t.data, pr.dtype, pr.head_dim, rows, heads, batches, t.row_stride, t.head_stride,
+                             t.batch_stride, slab, box_rows);
+  };
+  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::TileQ::kSlab, K::kBlockM) ||
+      !encode(&maps.dout, p.dout, rows_q, pr.num_heads_q, K::TileQ::kSlab, K::kBlockM) ||
+      !encode(&maps.k, p.k, rows_k, pr.num_heads_k, K::TileK::kSlab, K::kBlockN) ||
+      !encode(&maps.v, p.v, rows_k, pr.num_heads_k, K::TileV::kSlab, K::kBlockN))
+    return false;
+  const int n_blocks = (pr.seqlen_k + K::kBlockN - 1) / K::kBlockN;
+  if (n_blocks == 0 || pr.batch == 0) return true;
+  const dim3 grid(n_blocks, pr.num_heads_k, pr.batch);
+  auto kernel = bwd_sm90_kernel<K>;
+  set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, delta);
+  check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
+  return true;
+}
+
+}  // namespace cuda
+}  // namespace fmha
