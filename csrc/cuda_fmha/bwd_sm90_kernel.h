@@ -141,7 +141,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full + s, 1 + 32);           // the TMA thread's, and each lane of the LSE warp
-      mbar_init(empty + s, K::kConsumers);   // one arrival per consumer warpgroup
+      // Every consumer thread arrives once done with the stage: its reads of LSE and D are
+      // then ordered before the LSE warp's next writes (one arrival per warpgroup after the
+      // products would order them only through wgmma's warpgroup-wide issue).
+      mbar_init(empty + s, 128 * K::kConsumers);
     }
     fence_barrier_init();
   }
@@ -328,7 +331,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
       fence_operand(acc_dv);
       fence_operand(acc_dk);
-      if (tid_wg == 0) mbar_arrive(empty + st);
+      mbar_arrive(empty + st);
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
@@ -357,7 +360,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wgmma_wait<0>();
       fence_operand(acc_dv);
       fence_operand(acc_dk);
-      if (tid_wg == 0) mbar_arrive(empty + st);
+      mbar_arrive(empty + st);
     }
   }
 
