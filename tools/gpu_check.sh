@@ -18,7 +18,7 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.lo
 fi
 echo "build (FMHA_CUDA_ARCHS=$FMHA_CUDA_ARCHS): $(( $(date +%s) - start )) s, $(grep -c 'spilled' "$OUT/build.log") kernels with spills"
 
-# Twice: the kernels the dispatch picks (on sm_90, the sm_90a forward), then the mma.sync
+# Twice: the kernels the dispatch picks (on sm_90, the sm_90a forward and backward), then the mma.sync
 # kernels forced everywhere.
 for path in default mma_sync; do
   start=$(date +%s)

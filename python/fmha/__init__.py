@@ -19,8 +19,14 @@ from .flash_attn_interface import (
 )
 from .kvcache import flash_attn_with_kvcache, merge_attentions, quantize_kv_cache
 from .sdpa import scaled_dot_product_attention
+from .integrations import torch_flash as _torch_flash
+from .integrations.torch_flash import use_as_sdpa_backend
 
 __version__ = _C.version()
+
+# "fmha" in torch's flash-attention registry (torch.nn.attention), not activated: the user
+# opts in with activate_flash_attention_impl("fmha") or use_as_sdpa_backend().
+_torch_flash._register_with_torch()
 
 # For C++ consumers of the wheel: cmake -DCMAKE_PREFIX_PATH=<this> finds fmha::fmha.
 import os as _os
@@ -40,4 +46,5 @@ __all__ = [
     "merge_attentions",
     "quantize_kv_cache",
     "scaled_dot_product_attention",
+    "use_as_sdpa_backend",
 ]
