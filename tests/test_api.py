@@ -262,3 +262,15 @@ def test_unpadded_attention_end_to_end(device):
     padded = pad_input(res["out"], indices, B, S)
     assert padded.shape == (B, S, H, D)
     assert (padded[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+                                  "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+                                  "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+                                  "scaled_dot_product_attention", "quantize_kv_cache", "merge_attentions"])
+def test_public_functions_are_annotated(name):
+    import typing
+    fn = getattr(fmha, name)
+    hints = typing.get_type_hints(fn)
+    missing = [p for p in inspect.signature(fn).parameters if p not in hints]
+    assert not missing and "return" in hints, f"{name}: no type hints for {missing or ['return']}"

@@ -519,3 +519,21 @@ def test_kvcache_under_torch_compile(device):
     out = step(q, kc, vc, k, v)
     ref = fmha.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=seqlens, causal=True)
     assert torch.equal(out, ref) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+def test_kvcache_is_forward_only(device):
+    # An input that requires grad makes the output require grad, and a backward through it
+    # raises (it would otherwise lose attention's share of the gradient without a word);
+    # under no_grad, and without such inputs, nothing is tied to autograd.
+    q = randn(2, 3, 4, 32, dtype=torch.float16, device=device)
+    kc, vc = (randn(2, 40, 2, 32, dtype=torch.float16, device=device) for _ in range(2))
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=device)
+    plain = fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True)
+    assert not plain.requires_grad
+    q.requires_grad_()
+    with torch.no_grad():
+        assert not fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True).requires_grad
+    out = fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True)
+    assert out.requires_grad and torch.equal(out.detach(), plain)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        out.sum().backward()

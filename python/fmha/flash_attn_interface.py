@@ -7,10 +7,17 @@ variants' gradients flow back into the packed tensor.
 
 from __future__ import annotations
 
+from typing import Optional, Sequence, Tuple, Union
+
 import torch
+from torch import Tensor
 
 from . import _checks
 from . import ops as _ops
+
+# out, or (out, softmax_lse, S_dmask) with return_attn_probs=True.
+AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Tensor]]
+Window = Sequence[int]  # (left, right); -1 = unbounded
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -48,8 +55,10 @@ def _unpack(x, name: str, count: int, dim: int):
     return x.unbind(dim)
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, 
+                    dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                    window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                    deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k,
     nheads_k, headdim); nheads a multiple of nheads_k (MQA/GQA).
 
@@ -67,26 +76,32 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                   deterministic, return_attn_probs)
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_qkvpacked_func(qkv: Tensor, 
+                              dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                              window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                              deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
     """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim)."""
     q, k, v = _unpack(qkv, "qkv", 3, 2)
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, 
+                             dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                             window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                             deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
     """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim)."""
     k, v = _unpack(kv, "kv", 2, 2)
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                           block_table=None, *, seqused_k=None):
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False, window_size: Window = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None, *,
+                           seqused_k: Optional[Tensor] = None) -> AttnOutput:
     """Attention over packed sequences: q (total_q, nheads, headdim), k and v (total_k,
     nheads_k, headdim); sequence b owns rows cu_seqlens[b]:cu_seqlens[b + 1] (int32,
     batch + 1 entries). seqused_k (batch,) int32 limits sequence b to its first
@@ -102,9 +117,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                       deterministic, return_attn_probs)
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
-                                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                     deterministic=False, return_attn_probs=False):
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, 
+                                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                                     window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                                     deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
     """flash_attn_varlen_func with qkv (total, 3, nheads, headdim)."""
     q, k, v = _unpack(qkv, "qkv", 3, 1)
     return _attention(q, k, v, cu_seqlens, cu_seqlens, None, max_seqlen, max_seqlen, dropout_p,
@@ -112,10 +128,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                       return_attn_probs)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                                    softcap=0.0, alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, 
+                                    dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                                    window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                                    deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
     """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
     k, v = _unpack(kv, "kv", 2, 1)
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k, dropout_p,

@@ -182,11 +182,15 @@ def _kvcache_fwd_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                            cache_seqlens: Optional[Union[int, Tensor]] = None, cache_batch_idx=None,
-                            cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                            num_splits=0, return_softmax_lse=False, *, k_scale=None, v_scale=None):
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                            v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None, cache_seqlens: Optional[Union[int, Tensor]] = None,
+                            cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
+                            causal: bool = False, window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None, num_splits: int = 0,
+                            return_softmax_lse: bool = False, *, k_scale: Optional[Tensor] = None,
+                            v_scale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention of q (batch, seqlen, nheads, headdim) against a KV cache, flash-attn 2.x's
     semantics: k_cache/v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), or with
     block_table (batch, max_num_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -203,7 +207,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     makes them); appended tokens are quantized in place (per-token scales are written).
 
     Returns out (batch, seqlen, nheads, headdim), and softmax_lse (batch, nheads, seqlen)
-    with return_softmax_lse.  No backward (inference).
+    with return_softmax_lse.  Forward only (inference): when an input requires grad, out
+    does too, and a backward through it raises instead of silently dropping attention's
+    share of the gradient; train with flash_attn_func or flash_attn_varlen_func.
     """
     q = _checks.contiguous_last(q)
     k, v = _checks.contiguous_last(k), _checks.contiguous_last(v)
@@ -227,7 +233,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, k_scale, v_scale, float(softmax_scale), left, right, float(softcap),
                   bool(rotary_interleaved), alibi_slopes, num_splits)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k_cache, v_cache, k, v)):
+        out = _ForwardOnly.apply(out, *(x for x in (q, k_cache, v_cache, k, v) if x is not None))
     return (out, lse) if return_softmax_lse else out
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """Ties the decode output to inputs that require grad, so that a backward through it
+    fails loudly (the kernels have no backward)."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("flash_attn_with_kvcache is forward-only (inference): it has no gradient for q, k, v "
+                           "or the caches; use flash_attn_func or flash_attn_varlen_func for training, or call it "
+                           "under torch.no_grad()")
 
 
 def quantize_kv_cache(cache: Tensor, dtype: torch.dtype = torch.float8_e4m3fn,

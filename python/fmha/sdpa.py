@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import _checks
 from . import ops as _ops
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False) -> torch.Tensor:
     """Attention over (batch, heads, seqlen, headdim) tensors (or (heads, seqlen, headdim)),
     as torch.nn.functional.scaled_dot_product_attention computes it: is_causal is aligned to
     the top-left corner (query i sees keys 0..i), scale defaults to headdim ** -0.5, and

@@ -34,6 +34,7 @@ def markdown(payload) -> str:
         "`vs X` is X's time over fmha's (above 1 means fmha is faster). Medians of timed runs after "
         "warm-up; forward+backward FLOPs count 3.5x the forward.",
         "",
+        *[f"Note: {n}\n" for n in m.get("notes", [])],
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]

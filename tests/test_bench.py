@@ -1,0 +1,49 @@
+"""The benchmark's bookkeeping: the commit in its header (from a clean clone too), its
+warning when the measured matmul ceiling was beaten, the CPU note, and a tiny CPU run
+end to end (the timings themselves are not tested: speed is shown by runs, not tests)."""
+
+import json
+import re
+
+import fmha
+from fmha.bench import __main__ as bench
+
+
+def test_build_records_its_commit():
+    # CMakeLists.txt writes fmha/_build_info.py at configure time.
+    from fmha import _build_info
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?|unknown", _build_info.COMMIT), _build_info.COMMIT
+
+
+def test_commit_falls_back_to_the_build(monkeypatch):
+    monkeypatch.delenv("FMHA_BENCH_COMMIT", raising=False)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(bench.subprocess, "run", no_git)
+    from fmha import _build_info
+    assert bench._commit() == _build_info.COMMIT
+    monkeypatch.setenv("FMHA_BENCH_COMMIT", "abc1234")
+    assert bench._commit() == "abc1234"
+
+
+def test_ceiling_note():
+    rows = [{"suite": "training", "mode": "fwd", "case": "B=1 S=128", "tflops": {"fmha": 0.5, "torch-flash": 2.0}}]
+    assert bench._ceiling_note({"matmul_tflops": 3.0}, rows) is None
+    note = bench._ceiling_note({"matmul_tflops": 1.0}, rows)
+    assert note and "torch-flash" in note and "not one" in note
+
+
+def test_tiny_cpu_run(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--quick", "--suites", "training", "--modes", "fwd", "--seqlens", "128",
+                     "--head-dims", "64", "--peers", "torch-math", "--budget", "0.02", "--out", str(out)])
+    assert rc == 0
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["meta"]["commit"] not in ("", None)
+    assert any("reference implementation" in n for n in payload["meta"]["notes"])
+    assert payload["results"] and all(r["tflops"].get("fmha", 0) > 0 for r in payload["results"])
+    md = (out / "results.md").read_text()
+    assert f"commit {payload['meta']['commit']}" in md and "reference implementation" in md
+    assert fmha.__version__ in capsys.readouterr().out
