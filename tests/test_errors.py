@@ -91,6 +91,10 @@ CASES = {
     # options
     "window-left-below-minus-1": (ValueError, r"window_size", lambda d: _fa(d, window_size=(-2, 0))),
     "window-right-below-minus-1": (ValueError, r"window_size", lambda d: _fa(d, window_size=(3, -5))),
+    "window-three-values": (TypeError, r"window_size", lambda d: _fa(d, window_size=(3, 0, 1))),
+    "window-float": (TypeError, r"window_size", lambda d: _fa(d, window_size=(3.0, 0))),
+    "window-float-tensor": (TypeError, r"window_size", lambda d: _fa(d, window_size=torch.tensor([3.0, 0.0]))),
+    "window-not-a-pair": (TypeError, r"window_size", lambda d: _fa(d, window_size=5)),
     "dropout-negative": (ValueError, r"dropout_p", lambda d: _fa(d, dropout_p=-0.1)),
     "dropout-one": (ValueError, r"dropout_p", lambda d: _fa(d, dropout_p=1.0)),
     "softcap-negative": (ValueError, r"softcap", lambda d: _fa(d, softcap=-1.0)),

@@ -1,6 +1,7 @@
 """Forward pass (out and LSE) of fixed-length attention against the float64 reference:
 sequence lengths, head dims, dtypes, GQA/MQA, masks in both alignments, softcap, ALiBi,
-empty rows, long sequences, large magnitudes and strided inputs."""
+empty rows, long sequences, large magnitudes and strided inputs; window_size as any pair of
+integers."""
 
 import itertools
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fmha
 from conftest import (DTYPES, FULL, OUT_TOL, assert_all_finite, check_forward, dtype_id,
                       flash_call, op_call, randn)
 from reference import attention_ref
@@ -246,3 +248,14 @@ if FULL:
     def test_full_sweep(device, d, seqlens, causal, dtype, heads):
         q, k, v = qkv(2, *seqlens, *heads, d, dtype)
         check_forward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
+
+
+def test_window_size_any_pair_of_integers(device):
+    # flash-attn takes any pair of integers: a list, numpy integers and arrays, an integer
+    # tensor; all mean the same as the tuple.
+    import numpy as np
+    q, k, v = (randn(1, 40, 2, 32, device=device) for _ in range(3))
+    want = fmha.flash_attn_func(q, k, v, window_size=(7, 3))
+    for w in ([7, 3], (np.int64(7), np.int32(3)), np.array([7, 3]), torch.tensor([7, 3]),
+              torch.tensor([7, 3], dtype=torch.int32)):
+        assert torch.equal(fmha.flash_attn_func(q, k, v, window_size=w), want), f"window_size={w!r}"

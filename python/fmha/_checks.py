@@ -10,6 +10,7 @@ make them read or write out of bounds).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -70,12 +71,41 @@ def _index_tensor(x, name: str, numel: int, q: torch.Tensor, what: str) -> None:
     _same_device(x, name, q)
 
 
+def _window_bound(x, name: str) -> int:
+    """One window bound: any integer (int, numpy integer, 0-d integer tensor), >= -1."""
+    if isinstance(x, (bool, float)) or (isinstance(x, torch.Tensor) and not _integral_tensor(x)):
+        raise TypeError(f"{name} must be an int, got {x!r}")
+    if isinstance(x, torch.SymInt):
+        value = x
+    else:
+        try:
+            value = operator.index(x)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
+    if value < -1:
+        raise ValueError(f"{name} must be >= -1, got {value}")
+    return value
+
+
+def _integral_tensor(x: torch.Tensor) -> bool:
+    return not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+
+
 def window(window_size, causal: bool) -> tuple[int, int]:
-    """flash_attn's (left, right) window, with causal forcing right = 0."""
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+    """flash_attn's (left, right) window, with causal forcing right = 0. Any pair of integers
+    is accepted, as flash-attn does: a tuple or list, a 2-element integer tensor or numpy
+    array, numpy integers."""
+    if isinstance(window_size, torch.Tensor):
+        if not _integral_tensor(window_size) or window_size.numel() != 2:
+            raise TypeError(f"window_size must be a (left, right) pair of ints, got a {window_size.dtype} tensor "
+                            f"of shape {tuple(window_size.shape)}")
+        window_size = window_size.reshape(-1).tolist()
+    elif isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__"):
         raise TypeError(f"window_size must be a (left, right) pair of ints, got {window_size!r}")
-    left = _int(window_size[0], "window_size[0]", -1)
-    right = _int(window_size[1], "window_size[1]", -1)
+    if len(window_size) != 2:
+        raise TypeError(f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+    left = _window_bound(window_size[0], "window_size[0]")
+    right = _window_bound(window_size[1], "window_size[1]")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     return left, 0 if causal else right
