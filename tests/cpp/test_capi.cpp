@@ -397,7 +397,10 @@ void test_errors() {
   cpu.struct_size = sizeof(cpu);
   EXPECT(fmha_get_capabilities(FMHA_DEVICE_CPU, &cpu) == FMHA_SUCCESS && cpu.available && cpu.max_head_dim == 256,
          "CPU capabilities");
-  EXPECT(std::string(fmha_version()) == "0.1.0", "version %s", fmha_version());
+  const std::string header_version = std::to_string(FMHA_VERSION_MAJOR) + "." + std::to_string(FMHA_VERSION_MINOR) +
+                                     "." + std::to_string(FMHA_VERSION_PATCH);
+  EXPECT(std::string(fmha_version()) == header_version, "version %s, header %s", fmha_version(),
+         header_version.c_str());
 }
 
 }  // namespace
