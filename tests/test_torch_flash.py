@@ -28,12 +28,14 @@ def test_registered_but_not_active():
 
 @registry
 def test_activate_and_restore():
+    # Through torch's API, and through the handle fmha.use_as_sdpa_backend() returns.
+    torch.nn.attention.activate_flash_attention_impl("fmha")
+    assert torch.nn.attention.current_flash_attention_impl() == "fmha"
+    torch.nn.attention.restore_flash_attention_impl()
+    assert torch.nn.attention.current_flash_attention_impl() is None
     handle = fmha.use_as_sdpa_backend()
-    try:
-        assert torch.nn.attention.current_flash_attention_impl() == "fmha"
-        assert handle is not None
-    finally:
-        torch.nn.attention.restore_flash_attention_impl()
+    assert torch.nn.attention.current_flash_attention_impl() == "fmha"
+    handle.remove()
     assert torch.nn.attention.current_flash_attention_impl() is None
 
 
@@ -164,10 +166,7 @@ def test_sdpa_flash_backend_runs_fmha(device):
     try:
         got, grads, ran = run()
     finally:
-        if torch_flash.registry_available():
-            torch.nn.attention.restore_flash_attention_impl()
-        else:
-            handle.remove()
+        handle.remove()
     assert ran, "SDPA's flash backend did not run fmha's kernels after activation"
     assert_close(got, want, OUT_TOL[dtype], "out")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):

@@ -31,22 +31,26 @@ def write_plots(payload, out_dir) -> list[str]:
     dims = sorted({r["head_dim"] for r in results if r["suite"] == "training"})
     results_training = [r for r in results if r["suite"] == "training"]
 
-    # Speedup of fmha over standard attention (torch's math backend), forward + backward.
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    # Speedup of fmha over standard attention (torch's math backend), forward + backward;
+    # only when the run measured it (a --peers subset may leave it out).
+    speedups = []
     for d in dims:
         for causal in (False, True):
             fm = dict(_series(results, "fmha", "fwd_bwd", d, causal, "ms"))
             mt = dict(_series(results, "torch-math", "fwd_bwd", d, causal, "ms"))
             xs = sorted(set(fm) & set(mt))
             if xs:
-                ax.plot(xs, [mt[x] / fm[x] for x in xs], marker="o",
-                        label=f"D={d}{' causal' if causal else ''}")
-    _seqlen_axis(ax, results_training)
-    ax.set(xlabel="sequence length", ylabel="speedup over standard attention (x)",
-           title=f"fmha forward+backward vs torch math\n{title}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    written.append(_save(fig, out_dir, "speedup_vs_standard.png"))
+                speedups.append((xs, [mt[x] / fm[x] for x in xs], f"D={d}{' causal' if causal else ''}"))
+    if speedups:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for xs, ys, label in speedups:
+            ax.plot(xs, ys, marker="o", label=label)
+        _seqlen_axis(ax, results_training)
+        ax.set(xlabel="sequence length", ylabel="speedup over standard attention (x)",
+               title=f"fmha forward+backward vs torch math\n{title}")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        written.append(_save(fig, out_dir, "speedup_vs_standard.png"))
 
     # Memory: peak extra memory of standard attention over fmha's.
     mem = [r for r in results if r["suite"] == "memory"]

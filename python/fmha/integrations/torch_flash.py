@@ -7,12 +7,12 @@
     fmha.use_as_sdpa_backend()                                  # the same, any torch >= 2.4
     ...
     torch.nn.attention.restore_flash_attention_impl()           # torch's kernels again
-    # (or handle = fmha.use_as_sdpa_backend(); handle.remove())
+    # (or: handle = fmha.use_as_sdpa_backend(); ...; handle.remove())
 
 Importing fmha registers "fmha" with torch's registry when torch has it
 (`torch.nn.attention.register_flash_attention_impl`), without activating it, as torch's
 own "FA3"/"FA4" entries do. Activation overrides those aten ops for the CUDA dispatch key
-(ROCm builds of torch dispatch HIP tensors there too), so every call that torch sends to its
+(which ROCm builds of torch also use; not run on ROCm), so every call that torch sends to its
 flash kernels runs fmha's instead, autograd included. What fmha cannot serve raises a
 RuntimeError naming it: `block_table` (paged KV), `alibi_slopes` (torch's backward op does
 not carry them), `return_debug_mask`.
@@ -48,13 +48,19 @@ def registry_available() -> bool:
 
 @dataclasses.dataclass
 class Handle:
-    """Keeps fmha's kernels registered; remove() gives the ops back to torch."""
-    library: object
+    """Keeps fmha's kernels registered; remove() gives the ops back to torch: it drops the
+    registration it holds, or, for an activation through torch's registry, restores
+    torch's implementation."""
+    library: object = None
+    via_registry: bool = False
 
     def remove(self) -> None:
         if self.library is not None:
             self.library._destroy()
             self.library = None
+        elif self.via_registry and torch.nn.attention.current_flash_attention_impl() == NAME:
+            torch.nn.attention.restore_flash_attention_impl()
+            self.via_registry = False
 
 
 def _register_kernels(dispatch_key: str = "CUDA") -> Handle:
@@ -79,9 +85,7 @@ def use_as_sdpa_backend() -> Handle:
     the returned handle's remove() restores torch's."""
     if registry_available():
         torch.nn.attention.activate_flash_attention_impl(NAME)
-        from torch.nn.attention import _registry
-        active = getattr(_registry, "_FLASH_ATTENTION_ACTIVE", None)
-        return active[1] if active else Handle(None)
+        return Handle(via_registry=True)
     return _register_kernels()
 
 
