@@ -13,7 +13,8 @@ from conftest import (GRAD_TOL, OUT_TOL, assert_close, check_forward, dtype_id, 
 from fmha.bert_padding import pad_input, unpad_input
 
 # ----------------------------------------------------------------------------------------
-# Signatures, written from docs/api.md (= flash-attn 2.x, plus fmha's keyword-only seqused_k)
+# Signatures, written from docs/api.md (= flash-attn 2.x, plus keyword-only seqused_k and
+# FlashAttention-3's serving keywords)
 # ----------------------------------------------------------------------------------------
 
 FA_KEYWORDS = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
@@ -23,13 +24,14 @@ REQUIRED = inspect.Parameter.empty
 
 # name -> (positional-or-keyword parameters with defaults, keyword-only parameters)
 SIGNATURES = {
-    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS, []),
+    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS, [("out", None)]),
     "flash_attn_qkvpacked_func": ([("qkv", REQUIRED)] + FA_KEYWORDS, []),
     "flash_attn_kvpacked_func": ([("q", REQUIRED), ("kv", REQUIRED)] + FA_KEYWORDS, []),
     "flash_attn_varlen_func": (
         [(n, REQUIRED) for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                                  "max_seqlen_k")] + FA_KEYWORDS + [("block_table", None)],
-        [("seqused_k", None)]),
+        [("seqused_k", None), ("out", None), ("return_softmax_lse", False), ("num_splits", 0),
+         ("q_descale", None), ("k_descale", None), ("v_descale", None)]),
     "flash_attn_varlen_qkvpacked_func": (
         [(n, REQUIRED) for n in ("qkv", "cu_seqlens", "max_seqlen")] + FA_KEYWORDS, []),
     "flash_attn_varlen_kvpacked_func": (

@@ -241,3 +241,64 @@ def contiguous_last(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if x is not None and isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(-1) != 1:
         return x.contiguous()
     return x
+
+
+def _span(x: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte address that x's elements occupy."""
+    first = x.data_ptr()
+    last = first + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) * x.element_size()
+    return first, last + x.element_size() - 1
+
+
+def out_tensor(out, shape, q: torch.Tensor, inputs) -> torch.Tensor:
+    """Checks a caller's `out=` tensor: q's dtype and device, `shape`, a contiguous last
+    dimension, no element written twice (a zero stride), and no memory shared with the
+    inputs the kernel reads while it writes (`inputs`: (name, tensor) pairs)."""
+    _tensor(out, "out")
+    if out.dtype != q.dtype:
+        raise TypeError(f"out must have q's dtype {q.dtype}, got {out.dtype}")
+    if out.device != q.device:
+        raise ValueError(f"out is on {out.device} but q is on {q.device}; all tensors must share a device")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dim() and out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError(f"out must have a contiguous last dimension (stride 1), got strides {out.stride()}")
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"out must not have overlapping elements (a zero stride), got strides {out.stride()}")
+    if out.numel() == 0 or torch.compiler.is_compiling() or type(out) is not torch.Tensor:
+        return out  # fake tensors have no addresses; an empty out is never written
+    lo, hi = _span(out)
+    for name, x in inputs:
+        if x is None or x.numel() == 0 or type(x) is not torch.Tensor:
+            continue
+        if x.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+            continue
+        xlo, xhi = _span(x)
+        if lo <= xhi and xlo <= hi:
+            raise ValueError(f"out must not share memory with {name}: the kernels read {name} while they write out")
+    return out
+
+
+def descale(x, name: str, batch: int, heads_k: int, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """FlashAttention-3's per-(sequence, KV head) descale factor, as one scale per KV head
+    (Hk,) when it means exactly that: a scalar (any shape of one element), (1, Hk), or
+    (batch, Hk) whose rows are one row by construction (a zero batch stride, as
+    `scale.expand(batch, Hk)` makes it).  Rows that may differ raise: fmha's caches take one
+    scale per head or per token, never per sequence."""
+    if x is None:
+        return None
+    _tensor(x, name)
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {x.dtype}")
+    _same_device(x, name, q)
+    if x.numel() == 1:
+        return x.reshape(1).expand(heads_k).contiguous()
+    if x.dim() != 2 or x.shape[1] != heads_k or x.shape[0] not in (1, batch):
+        raise ValueError(f"{name} must be a scalar or have shape ({batch}, {heads_k}) (batch, nheads_k; or "
+                         f"(1, {heads_k})), got {tuple(x.shape)}")
+    if x.shape[0] > 1 and x.stride(0) != 0:
+        raise ValueError(f"{name} ({batch}, {heads_k}) with its own row per sequence is not supported: fmha's "
+                         f"8-bit caches take one scale per KV head (pass {name}[0:1], or the (nheads_k,) scale "
+                         f"expanded to ({batch}, {heads_k})) or per token (k_scale/v_scale of shape "
+                         f"(num_blocks, page_size, nheads_k))")
+    return x[0].contiguous()

@@ -12,6 +12,8 @@ from torch import Tensor
 
 from . import _C, _checks
 from ._backend import _DTYPES, fmha_device, ptr, stream_handle
+from . import ops as _ops
+from .ops import _vector_aligned
 
 _QUANT = {torch.float8_e4m3fn: _C.DType.float8_e4m3, torch.int8: _C.DType.int8}
 _QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -34,7 +36,7 @@ def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
     if q.dtype not in _DTYPES:
-        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+        raise TypeError(f"q must be float16, bfloat16 or float32 (fp8 queries are not supported), got {q.dtype}")
     batch, seqlen_q, heads_q, head_dim = q.shape
     if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache must match k_cache: {tuple(k_cache.shape)} {k_cache.dtype}, got "
@@ -116,6 +118,28 @@ def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                              f"{tuple(alibi_slopes.shape)}")
 
 
+def _kernel_layout(x: Optional[Tensor], head_dim: int) -> Optional[Tensor]:
+    """x as the GPU decode kernels can read it: `head_dim` columns (zero-padded) and 16-byte
+    aligned rows and strides, copied only when it is not so already.  8-bit caches are
+    padded through a uint8 view (the zero byte is 0 in fp8 e4m3 and int8 alike)."""
+    if x is None:
+        return None
+    if x.shape[-1] != head_dim:
+        raw = x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
+        padded = torch.nn.functional.pad(raw, (0, head_dim - x.shape[-1]))
+        return padded.view(x.dtype) if raw is not x else padded
+    if not _vector_aligned(x):
+        return x.clone(memory_format=torch.contiguous_format)
+    return x
+
+
+def _copy_back(dst: Tensor, src: Tensor) -> None:
+    """dst[...] = src[..., :dst.shape[-1]], bytewise for 8-bit caches."""
+    if dst.dtype == torch.float8_e4m3fn:
+        dst, src = dst.view(torch.uint8), src.view(torch.uint8)
+    dst.copy_(src[..., :dst.shape[-1]])
+
+
 def _kvcache_fwd_impl(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
     rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Tensor,
@@ -124,10 +148,34 @@ def _kvcache_fwd_impl(
     softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor], num_splits: int,
 ) -> Tuple[Tensor, Tensor]:
     """(out, lse) of q against the cache after appending k, v; see flash_attn_with_kvcache."""
+    return _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                        cache_leftpad, block_table, k_scale, v_scale, scale, window_left, window_right, softcap,
+                        rotary_interleaved, alibi_slopes, num_splits)
+
+
+def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, k_scale, v_scale, scale, window_left, window_right, softcap, rotary_interleaved,
+                 alibi_slopes, num_splits, out=None):
+    """_kvcache_fwd_impl, writing into `out` (checked by the caller) when it is given.
+
+    The GPU kernels for 16-bit queries move 16-byte rows: q, out, k, v and the caches need
+    16-byte aligned rows and a head dim that is a multiple of 8 (16 for 8-bit caches).  Any
+    other head dim or stride is served here, as flash-attn does: inputs are zero-padded or
+    copied, out is computed into a buffer and copied, and a padded or copied cache that the
+    call appends to is copied back whole (a cost of the cache's size per call, for layouts
+    the kernels cannot address; the usual ones take no copy)."""
     _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                       cache_leftpad, block_table, k_scale, v_scale, alibi_slopes)
     batch, seqlen_q, heads_q, head_dim = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    user_out, user_caches = out, (k_cache, v_cache)
+    if _ops._vector_rows(q.device, q.dtype):
+        vec = 16 if k_cache.dtype in _QUANT else 8
+        head_dim = -(-head_dim // vec) * vec
+        q, k_cache, v_cache, k, v = (_kernel_layout(x, head_dim) for x in (q, k_cache, v_cache, k, v))
+        if out is not None and (head_dim != out.shape[-1] or not _vector_aligned(out)):
+            out = None
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     rotary_cos, rotary_sin, block_table = (None if x is None else x.contiguous()
                                            for x in (rotary_cos, rotary_sin, block_table))
@@ -166,6 +214,15 @@ def _kvcache_fwd_impl(
     workspace = torch.empty(_C.decode_workspace_size(p), dtype=torch.uint8, device=q.device)
     p.workspace, p.workspace_size = ptr(workspace), workspace.numel()
     _C.decode(p, stream_handle(q.device))
+    if k is not None:  # the append went into a padded or realigned copy: back into the caller's caches
+        for cache, used in zip(user_caches, (k_cache, v_cache)):
+            if used is not cache:
+                _copy_back(cache, used)
+    if out.shape[-1] != user_caches[0].shape[-1]:
+        out = out[..., :user_caches[0].shape[-1]]
+    if user_out is not None and out is not user_out:
+        user_out.copy_(out)
+        out = user_out
     return out, lse
 
 
@@ -190,7 +247,9 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                             causal: bool = False, window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, *, k_scale: Optional[Tensor] = None,
-                            v_scale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                            v_scale: Optional[Tensor] = None, out: Optional[Tensor] = None,
+                            q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                            v_descale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention of q (batch, seqlen, nheads, headdim) against a KV cache, flash-attn 2.x's
     semantics: k_cache/v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), or with
     block_table (batch, max_num_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -206,6 +265,23 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     (batch_cache, seqlen_cache, nheads_k): value = stored * scale (fmha.quantize_kv_cache
     makes them); appended tokens are quantized in place (per-token scales are written).
 
+    FlashAttention-3's names (keyword-only): k_descale, v_descale (float32, a scalar or
+    (batch, nheads_k)) are the scales of an 8-bit cache, as k_scale/v_scale (not both); a
+    (batch, nheads_k) descale must have one row for every sequence (batch 1, or expanded
+    from one row with stride 0, as vLLM passes it), since fmha's scales are per head or per
+    token.  q_descale raises ValueError: fmha takes float16/bfloat16/float32 queries, not fp8.
+
+    out= (keyword): a (batch, seqlen, nheads, headdim) tensor of q's dtype and device (any
+    strides with a contiguous last dimension, sharing no memory with the inputs) that
+    receives the result and is returned; the kernel writes it directly, nothing is
+    allocated for the output (on a GPU a copy is needed only when the kernels cannot address
+    it: head dim not a multiple of 8, rows not 16-byte aligned).
+
+    Any head dim 1-256 at any stride: on a GPU, layouts the kernels cannot address (head dim
+    not a multiple of 8, or 16 for 8-bit caches; unaligned rows) are padded or copied
+    first, as flash-attn does; a cache that needed a copy and is appended to is copied back
+    whole, a cost of the cache's size per call.
+
     Returns out (batch, seqlen, nheads, headdim), and softmax_lse (batch, nheads, seqlen)
     with return_softmax_lse.  Forward only (inference): when an input requires grad, out
     does too, and a backward through it raises instead of silently dropping attention's
@@ -215,6 +291,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     k, v = _checks.contiguous_last(k), _checks.contiguous_last(v)
     _checks._tensor(q, "q")
     _checks._tensor(k_cache, "k_cache")
+    k_scale, v_scale = _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale)
+    if out is not None:
+        _checks.out_tensor(out, q.shape, q, (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
+                                             ("v", v)))
     if cache_seqlens is None:
         raise ValueError("cache_seqlens is required (the number of filled positions of each cache)")
     if isinstance(cache_seqlens, int):
@@ -229,13 +309,47 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     # subclass tensors) goes through the registered op.
     eager = not torch.compiler.is_compiling() and all(
         x is None or type(x) is Tensor for x in (q, k_cache, v_cache, k, v, cache_seqlens, block_table))
-    op = _kvcache_fwd_impl if eager else torch.ops.fmha.kvcache_fwd
-    out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  block_table, k_scale, v_scale, float(softmax_scale), left, right, float(softcap),
-                  bool(rotary_interleaved), alibi_slopes, num_splits)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k_cache, v_cache, k, v)):
-        out = _ForwardOnly.apply(out, *(x for x in (q, k_cache, v_cache, k, v) if x is not None))
+    eager = eager and (out is None or type(out) is Tensor)
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, k_scale, v_scale, float(softmax_scale), left, right, float(softcap),
+            bool(rotary_interleaved), alibi_slopes, num_splits)
+    user_out = out
+    if eager:
+        out, lse = _kvcache_fwd(*args, out=user_out)  # writes into user_out when it is given
+    else:
+        out, lse = torch.ops.fmha.kvcache_fwd(*args)
+    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        if out is user_out:  # written in place: the caller's tensor carries the forward-only node
+            out = _ForwardOnlyInPlace.apply(out, *inputs)
+        else:
+            out = _ForwardOnly.apply(out, *inputs)
+    if user_out is not None and out is not user_out:  # traced: the op allocated its output
+        user_out.copy_(out)
+        out = user_out
     return (out, lse) if return_softmax_lse else out
+
+
+def _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale):
+    """k_scale, v_scale from FlashAttention-3's k_descale / v_descale (see
+    flash_attn_with_kvcache); q_descale has no counterpart in fmha."""
+    if q_descale is not None:
+        raise ValueError(f"q_descale is not supported: it describes an fp8 q, and fmha computes with float16, "
+                         f"bfloat16 or float32 queries (q is {q.dtype}); drop q_descale, or fold a scalar one "
+                         f"into softmax_scale")
+    if k_descale is None and v_descale is None:
+        return k_scale, v_scale
+    if (k_descale is None) != (v_descale is None):
+        raise ValueError("k_descale and v_descale must be given together")
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("give the cache scales once: k_scale/v_scale or k_descale/v_descale, not both")
+    if k_cache.dtype not in _QUANT:
+        raise ValueError(f"k_descale/v_descale apply to float8_e4m3fn and int8 caches, not {k_cache.dtype}")
+    if q.dim() != 4 or k_cache.dim() != 4:
+        raise ValueError(f"q and k_cache must be 4-D, got shapes {tuple(q.shape)} and {tuple(k_cache.shape)}")
+    batch, heads_k = q.shape[0], k_cache.shape[2]
+    return (_checks.descale(k_descale, "k_descale", batch, heads_k, q),
+            _checks.descale(v_descale, "v_descale", batch, heads_k, q))
 
 
 class _ForwardOnly(torch.autograd.Function):
@@ -251,6 +365,18 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError("flash_attn_with_kvcache is forward-only (inference): it has no gradient for q, k, v "
                            "or the caches; use flash_attn_func or flash_attn_varlen_func for training, or call it "
                            "under torch.no_grad()")
+
+
+class _ForwardOnlyInPlace(torch.autograd.Function):
+    """_ForwardOnly for an output written into the caller's tensor (out=): that tensor
+    itself gets the node whose backward raises."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        ctx.mark_dirty(out)
+        return out
+
+    backward = staticmethod(_ForwardOnly.backward)
 
 
 def quantize_kv_cache(cache: Tensor, dtype: torch.dtype = torch.float8_e4m3fn,

@@ -69,19 +69,34 @@ def _contiguous_small(x: Optional[Tensor]) -> Optional[Tensor]:
     return None if x is None else x.contiguous()
 
 
+def _vector_rows(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernels that serve this device and dtype move 16-byte rows: the GPU
+    tensor-core kernels (fp16/bf16), CUDA and HIP alike.  Their callers here pad head dims and
+    copy misaligned tensors; the tests also turn it on for the CPU backend (which takes any
+    layout), so that this padding and copying is checked where CI runs."""
+    return device.type == "cuda" and dtype != torch.float32
+
+
 def _vector_head_dim(device: torch.device, dtype: torch.dtype, head_dim: int) -> int:
     """Head dim the kernels see: the GPU tensor-core kernels move 16-byte rows, so fp16/bf16
     head dims are padded (with zeros, which change no dot product) to a multiple of 8."""
-    if device.type == "cuda" and dtype != torch.float32:
+    if _vector_rows(device, dtype):
         return -(-head_dim // 8) * 8
     return head_dim
+
+
+def _vector_aligned(x: Tensor) -> bool:
+    """Whether the GPU kernels can move x's rows as 16-byte vectors: 16-byte aligned data and
+    every stride but the last a multiple of 16 bytes."""
+    vec = 16 // x.element_size()
+    return x.data_ptr() % 16 == 0 and all(st % vec == 0 for st in x.stride()[:-1])
 
 
 def _vector_layout(x: Tensor, head_dim: int) -> Tensor:
     """x with `head_dim` columns (zero-padded) and 16-byte aligned rows, copying only when needed."""
     if x.shape[-1] != head_dim:
         return F.pad(x, (0, head_dim - x.shape[-1]))
-    if x.data_ptr() % 16 != 0 or any(st % 8 != 0 for st in x.stride()[:-1]):
+    if not _vector_aligned(x):
         return x.clone(memory_format=torch.contiguous_format)
     return x
 
@@ -105,8 +120,11 @@ def _fwd_impl(
 
 def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
                  window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic, return_probs,
-                 rng_state):
-    """_fwd_impl after its argument checks, which gave d."""
+                 rng_state, out=None):
+    """_fwd_impl after its argument checks, which gave d.  `out` (checked by the caller): the
+    kernel writes the result there when it can address it (on a GPU, 16-bit tensors need
+    16-byte aligned rows and a head dim that is a multiple of 8); otherwise the result is
+    computed into a buffer and copied there."""
     device = q.device
     backend = fmha_device(device)
     cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
@@ -129,11 +147,14 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
 
     head_dim = d.head_dim
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
-    if device.type == "cuda" and q.dtype != torch.float32:
+    vector = _vector_rows(device, q.dtype)
+    if vector:
         q, k, v = (_vector_layout(x, d_kernel) for x in (q, k, v))
     if d_kernel != head_dim:
         d = dataclasses.replace(d, head_dim=d_kernel)
-    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    user_out = out
+    if out is None or d_kernel != head_dim or (vector and not _vector_aligned(out)):
+        out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
     probs = torch.empty(_probs_shape(d) if return_probs else (0,), dtype=q.dtype, device=device)
 
@@ -149,6 +170,9 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         _C.fwd(p, stream_handle(device))
     if d_kernel != head_dim:
         out = out[..., :head_dim]
+    if user_out is not None and out is not user_out:
+        user_out.copy_(out)
+        out = user_out
     return out, lse, rng_state, probs
 
 
@@ -204,7 +228,7 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
 
     head_dim = d.head_dim
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
-    if device.type == "cuda" and q.dtype != torch.float32:
+    if _vector_rows(device, q.dtype):
         q, k, v, out, dout = (_vector_layout(x, d_kernel) for x in (q, k, v, out, dout))
     if d_kernel != head_dim:
         d = dataclasses.replace(d, head_dim=d_kernel)
@@ -296,16 +320,30 @@ class _EagerAttention(torch.autograd.Function):
         return _replay_backward(functools.partial(_bwd_checked, ctx.dims), ctx, dout, dlse)
 
 
-def attention(*inputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def attention(*inputs, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """torch.ops.fmha.fwd's arguments and results.  Eager calls on plain tensors skip the
     dispatcher, whose cost per call (forward and backward) was about as much host time as
     a training step's kernels at S = 512; anything traced (torch.compile, export, fake or
-    subclass tensors) goes through the registered op."""
+    subclass tensors) goes through the registered op.
+
+    `out` (checked by the caller, _checks.out_tensor) receives the output, and is returned
+    in its place.  With nothing to differentiate, eager calls write it in the kernel with no
+    output allocated (_fwd_checked says when a copy is needed).  When an input requires grad
+    (or the call is traced) the output is computed as usual and copied into `out`, an
+    in-place copy that autograd differentiates, so gradients through `out` are exact."""
     tensors = [x for x in inputs if isinstance(x, Tensor)]
     eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-             and all(type(x) is Tensor for x in tensors) and inputs[0].device.type in ("cpu", "cuda"))
+             and all(type(x) is Tensor for x in tensors + ([] if out is None else [out]))
+             and inputs[0].device.type in ("cpu", "cuda"))
     if not eager:
-        return torch.ops.fmha.fwd(*inputs)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return _EagerAttention.apply(*inputs)
-    return _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
+        result = torch.ops.fmha.fwd(*inputs)
+    elif torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        result = _EagerAttention.apply(*inputs)
+    elif out is not None:
+        return _fwd_checked(_input_dims(inputs), *inputs, out=out)
+    else:
+        return _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
+    if out is None:
+        return result
+    out.copy_(result[0])
+    return (out,) + tuple(result[1:])
