@@ -211,6 +211,21 @@ def valu_cases(rng):
                 return 31 - i
     yield "probe_ffbh_i32", (ff, y, z), np.array([ffbh(v) for v in ff], np.uint32)
     yield "probe_add_u16", (x, y, z), ((x + y) & 0xFFFF).astype(np.uint32)
+    fy = rng.standard_normal(64).astype(np.float32)
+    # exact either way: x * 65536 is exact, and the fused and unfused (gfx90a v_madak) forms
+    # of x * y + 0.5 differ only in rounding, so y is a power of two here
+    yield "probe_fmamk", (f32b(fx), f32b(fy), z), f32b((fx.astype(np.float64) * 65536 + fy).astype(np.float32))
+    p2 = np.float32(2.0) ** rng.integers(-4, 4, 64).astype(np.float32)
+    yield "probe_fmaak", (f32b(fx), f32b(p2), z), f32b((fx.astype(np.float64) * p2 + 0.5).astype(np.float32))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pk_fma_f32_with_inline_constants(arch):
+    rng = np.random.default_rng(11)
+    x, y = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    got = run_probe(arch, "probe_pk_fma_const", [f32b(x), f32b(y), f32b(y)], 512).view(np.float32).reshape(64, 2)
+    np.testing.assert_array_equal(got[:, 0], (np.float32(-2) * x + np.float32(1)).astype(np.float32))
+    np.testing.assert_array_equal(got[:, 1], (np.float32(-2) * y + np.float32(1)).astype(np.float32))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -331,7 +331,7 @@ VOP = {
     "v_min3_f32": ("f32", ["f32", "f32", "f32"], lambda a, b, c: np.fmin(np.fmin(a, b), c)),
     "v_fma_f32": ("f32", ["f32", "f32", "f32"],
                   lambda a, b, c: (np.float64(1) * a * b + c).astype(np.float32)),
-    "v_fmac_f32": None,  # special: reads its destination
+    "v_fmac_f32": None,  # special: reads its destination (and v_fmaak/v_fmamk/v_madak/v_madmk below)
     "v_mac_f32": None,
     "v_exp_f32": ("f32", ["f32"], lambda a: np.exp2(a.astype(np.float64)).astype(np.float32)),
     "v_log_f32": ("f32", ["f32"], lambda a: np.log2(a.astype(np.float64)).astype(np.float32)),
@@ -976,9 +976,8 @@ class Compiler:
                 wr(w, r, w.exec_mask())
             return f, ops[:1], ops
         if name in ("v_fmaak_f32", "v_fmamk_f32", "v_madmk_f32", "v_madak_f32"):
+            # printed in evaluation order: fmamk "D, S0, K, S1" (S0 * K + S1), fmaak "D, S0, S1, K"
             a, b, c = (vsrc(o, "f32") for o in ops[1:4])
-            if name in ("v_fmamk_f32", "v_madmk_f32"):  # D = S0 * K + S1
-                b, c = c, b
             wr = vdst(ops[0], 32)
             fused = name.startswith("v_fma")
 
@@ -992,9 +991,18 @@ class Compiler:
 
         if name in ("v_pk_fma_f32", "v_pk_mul_f32", "v_pk_add_f32", "v_pk_mov_b32"):
             n = {"v_pk_fma_f32": 3, "v_pk_mul_f32": 2, "v_pk_add_f32": 2, "v_pk_mov_b32": 2}[name]
-            srcs = [vsrc(Op(o.text.lstrip("-")), "b64") for o in ops[1:1 + n]]
             osel = _pos(mods, "op_sel", n, 0)
             ohi = _pos(mods, "op_sel_hi", n, 1)
+            srcs = []
+            for j, o in enumerate(ops[1:1 + n]):
+                if o.kind == "k":
+                    # An inline constant or literal of a packed-f32 operand is a 32-bit
+                    # value in the low dword; code selects it for both halves (op_sel_hi 0).
+                    if osel[j] or ohi[j]:
+                        raise Unsupported(f"the high dword of a constant operand: {ins.text}")
+                    srcs.append(vsrc(o, "b32"))
+                else:
+                    srcs.append(vsrc(o, "b64"))
             nlo, nhi = _pos(mods, "neg_lo", n, 0), _pos(mods, "neg_hi", n, 0)
             wr = vdst(ops[0], 64)
             for o in ops[1:1 + n]:
@@ -1495,6 +1503,7 @@ class Machine:
         self.atomics = 0
         self.instructions = 0
         self.mfmas = 0
+        self.coverage = set()  # addresses of the instructions executed
 
     def _fn(self, pc):
         ins = self.co.instrs.get(pc)
@@ -1513,7 +1522,9 @@ class Machine:
             raise Unsupported("wave32 kernel")
         if len(kernarg) > kd.kernarg_size:
             raise EmuError(f"kernarg of {len(kernarg)} bytes for a kernel that takes {kd.kernarg_size}")
-        ka = bytes(kernarg) + bytes(kd.kernarg_size - len(kernarg))
+        # The runtime's kernarg buffer is padded (to 64 bytes here): the compiler widens
+        # argument loads past the last argument (s_load_dwordx4 at 0x30 of a 60-byte segment).
+        ka = bytes(kernarg) + bytes(-len(kernarg) % 64 if len(kernarg) % 64 else 0)
         ka_addr = self.mem.alloc(max(len(ka), 4), "kernarg", np.frombuffer(ka, np.uint8) if ka else None)
         threads = block[0] * block[1] * block[2]
         nwaves = (threads + 63) // 64
@@ -1560,7 +1571,10 @@ class Machine:
             self._run_group(wg, waves, order, rng)
 
     def _run_group(self, wg, waves, order, rng):
+        cov = self.coverage
+
         def step(w):
+            cov.add(w.pc)
             ins = self._fn(w.pc)
             r = ins.fn(w)
             w.count += 1

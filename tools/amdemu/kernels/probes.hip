@@ -60,6 +60,20 @@ PROBE3(probe_xad, "v_xad_u32 %0, %1, %2, %3")
 PROBE3(probe_ffbh_i32, "v_ffbh_i32 %0, %1")
 PROBE3(probe_exp, "v_exp_f32 %0, %1")
 PROBE3(probe_add_u16, "v_add_u16 %0, %1, %2")
+#if defined(__gfx942__)  // gfx90a has the unfused v_madmk / v_madak instead
+PROBE3(probe_fmamk, "v_fmamk_f32 %0, %1, 0x47800000, %2")  // x * 65536 + y
+PROBE3(probe_fmaak, "v_fmaak_f32 %0, %1, %2, 0x3f000000")  // x * y + 0.5
+#else
+PROBE3(probe_fmamk, "v_madmk_f32 %0, %1, 0x47800000, %2")
+PROBE3(probe_fmaak, "v_madak_f32 %0, %1, %2, 0x3f000000")
+#endif
+// Packed f32 with inline constants, as the softcap code uses it: lo = -2 * x + 1, hi = -2 * y + 1.
+extern "C" __global__ void probe_pk_fma_const(const uint32_t* x, const uint32_t* y, const uint32_t* z, uint32_t* out) {
+  uint64_t r, a = (uint64_t)x[LANE] | (uint64_t)y[LANE] << 32;
+  asm volatile("v_pk_fma_f32 %0, -2.0, %1, 1.0 op_sel_hi:[0,1,0]" : "=v"(r) : "v"(a));
+  out[2 * LANE] = (uint32_t)r;
+  out[2 * LANE + 1] = (uint32_t)(r >> 32);
+}
 
 // ds_bpermute with half the lanes inactive: a lane reading an inactive lane gets 0.
 extern "C" __global__ void probe_bpermute(const uint32_t* x, const uint32_t* y, const uint32_t* z, uint32_t* out) {
