@@ -75,10 +75,13 @@ def main():
     run(3, 260, 100, 4, 4, 80, causal=True)
     run(1, 200, 8300, 2, 2, 128)  # D = 128's 176-key blocks (at least 8192 keys)
     # sm_90a backward: GQA with a window in deterministic mode (dQ from bwd_dq_kernel), score
-    # mods at D = 64 (64-row query blocks); the cases above run it at D = 40 and 128.
+    # mods at D = 64 (64-row query blocks), the head-dim split at 256 (one stage); the cases
+    # above run it at D = 40, 128, 192 and 256 (ALiBi).
     run(1, 150, 170, 8, 2, 128, causal=True, window_size=(50, -1), deterministic=True)
     run(2, 130, 200, 4, 2, 64, softcap=5.0)
+    run(1, 150, 170, 8, 2, 256, causal=True, window_size=(50, -1), deterministic=True)
     run_varlen(64, causal=True)
+    run_varlen(256, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
     cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     run_decode(128, causal=True, rotary_cos=cos, rotary_sin=sin, splits=3)

@@ -41,31 +41,44 @@ struct BwdSm90Traits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kStages = kStages_;
   static constexpr bool kScoreMod = kScoreMod_;
-  static constexpr int kConsumers = 2, kBlockN = 64 * kConsumers;
+  // Up to D = 128 each consumer owns 64 keys and all of dK's and dV's columns (D fp32
+  // registers per thread for the two).  Above, that no longer fits 240 registers: the
+  // consumers share kBlockN = 64 keys and split the head dim instead (kSplitD), each
+  // computing S^T and dP^T for half the queries and dK, dV, dQ for half the columns, with
+  // P^T and dS^T exchanged through shared memory.
+  static constexpr bool kSplitD = kHeadDim > 128;
+  static constexpr int kConsumers = 2, kBlockN = kSplitD ? 64 : 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kNT = kBlockM / 8;   // 8-column (query) blocks of S^T per thread
-  static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of dK, dV
-  // dQ's columns per consumer, and the slab width of K, which dQ = dS K reads MN-major in
-  // these column ranges (a descriptor starts on a slab).
+  static constexpr int kQCols = kSplitD ? kBlockM / kConsumers : kBlockM;  // queries of a consumer's S^T
+  static constexpr int kDCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // its columns of dK, dV
+  static constexpr int kNT = kQCols / 8;   // 8-column (query) blocks of S^T per thread
+  static constexpr int kDT = kDCols / 8;   // 8-column blocks of dK, dV
+  // dQ's columns per consumer.  wgmma reads an MN-major operand from the start of a slab,
+  // so the tiles read in column ranges (K for dQ = dS K, and with kSplitD Q and dO for
+  // dK = dS^T Q, dV = P^T dO) use slabs that divide those ranges.
   static constexpr int kDqCols = kHeadDim / kConsumers;
-  static_assert(kDqCols == 32 || kDqCols == 64, "head dims 64 and 128");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "query block: one or two 64-row dQ products");
+  static constexpr int kSlab = kDqCols % 64 == 0 ? 64 : 32;
+  static_assert(kDqCols % 32 == 0, "head dims 64, 128, 192, 256");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && (!kSplitD || kBlockM == 64),
+                "query block: one or two 64-row dQ products");
   static constexpr int kDqBlocks = kBlockM / 64;  // 64-row dQ products per consumer
-  using TileQ = Sm90Tile<kBlockM, kHeadDim>;             // Q and dO stages
-  using TileK = Sm90Tile<kBlockN, kHeadDim, kDqCols>;
+  using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
+  using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
-  using TileDS = Sm90Tile<kBlockN, kBlockM>;             // dS^T, keys in rows
+  using TileDS = Sm90Tile<kBlockN, kBlockM>;             // dS^T (and with kSplitD P^T), keys in rows
   static_assert(TileK::kBytes == TileV::kBytes, "one transaction count for K and V");
   // Registers per thread after setmaxnreg: what the producer gives up (168 - 24 per thread,
   // launched at 65536 / 384 rounded down to 168) is all the consumers can take (240 - 168).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | dQ (fp32) | LSE, D rings |
-  // mbarriers.  Tiles start on 1024-byte lines (the 128-byte swizzle's period).
+  // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | P^T (two, kSplitD) |
+  // dQ (fp32) | LSE, D rings | mbarriers.  Tiles start on 1024-byte lines (the 128-byte
+  // swizzle's period).
   static constexpr int kOffV = TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  static constexpr int kOffDQ = kOffDS + 2 * TileDS::kBytes;
+  static constexpr int kOffP = kOffDS + 2 * TileDS::kBytes;
+  static constexpr int kOffDQ = kOffP + (kSplitD ? 2 * TileDS::kBytes : 0);
   static constexpr int kOffLse = kOffDQ + kBlockM * kHeadDim * 4;
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffBar = kOffDelta + kStages * kBlockM * 4;
@@ -223,11 +236,20 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int cw = wg - 1;  // consumer index
   const int tid_wg = tid % 128, warp_wg = tid_wg / 32;
   const int g = lane / 4, t = lane % 4;
-  const int key_wg = cw * 64;                        // this consumer's first key row in the block
+  constexpr bool kSplitD = K::kSplitD;
+  constexpr int kQCols = K::kQCols, kDCols = K::kDCols;
+  const int key_wg = kSplitD ? 0 : cw * 64;          // this consumer's first key row in the block
+  const int q_wg = kSplitD ? cw * kQCols : 0;        // its first query column of S^T
+  const int d_wg = kSplitD ? cw * kDCols : 0;        // its first column of dK and dV
   const int key0 = n0 + key_wg + warp_wg * 16;       // this warp's first key
+  // Where a consumer's column range starts in a tile of slabs.
+  auto cols = [](const T* tile, auto tile_tag, int c) {
+    using Tile = decltype(tile_tag);
+    return tile + (c / Tile::kSlab) * (Tile::kSlabBytes / 2);
+  };
   const KMajorDesc<TileK> desc_k(sK, key_wg);        // A of S^T = K Q^T
   const KMajorDesc<TileV> desc_v(sV, key_wg);        // A of dP^T = V dO^T
-  const MnMajorDesc<TileK> desc_kt(sK + cw * (TileK::kSlabBytes / 2));  // B of dQ = dS K: this consumer's columns
+  const MnMajorDesc<TileK> desc_kt(cols(sK, TileK{}, cw * K::kDqCols));  // B of dQ = dS K: this consumer's columns
 
   float acc_dk[kDT][4], acc_dv[kDT][4];
 #pragma unroll
@@ -235,37 +257,52 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0.f;
 
+  // A fragments (rows g, g + 8, columns 2t, 8 + 2t of each 16-column step) into a keys-in-
+  // rows tile, at this warp's rows and columns from c0.
+  auto store_t = [&](T* tile, const uint32_t (&a)[1][kNT / 2][4], int c0) {
+    const unsigned r = unsigned(key_wg + warp_wg * 16 + g);
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      const unsigned c = unsigned(c0 + 16 * kk + 2 * t);
+      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r, c)) = a[0][kk][0];
+      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r + 8, c)) = a[0][kk][1];
+      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r, c + 8)) = a[0][kk][2];
+      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r + 8, c + 8)) = a[0][kk][3];
+    }
+  };
+
   if (n_iters > 0) mbar_wait(full_kv, 0);
   Step cur = first;
   for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
     const int st = it % kStages, h = cur.h, m0 = cur.m0;
     const T* sQs = sQ + st * (TileQ::kBytes / 2);
     const T* sdOs = sdO + st * (TileQ::kBytes / 2);
+    T* sdSs = sdS + (it % 2) * (TileDS::kBytes / 2);
     const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, geom, b, h);
     mbar_wait(full + st, (it / kStages) & 1);
 
-    // S^T = K Q^T and dP^T = V dO^T, two groups.
+    // S^T = K Q^T and dP^T = V dO^T, two groups (this consumer's queries).
     float acc_s[1][kNT][4], acc_dp[1][kNT][4], th[1][kNT][4];
     {
-      const KMajorDesc<TileQ> desc_q(sQs, 0), desc_do(sdOs, 0);
+      const KMajorDesc<TileQ> desc_q(sQs, q_wg), desc_do(sdOs, q_wg);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<T, kBlockM>::template ss<0, 0>(acc_s[0], desc_k.k_desc(kk), desc_q.k_desc(kk), kk > 0);
+        Wgmma<T, kQCols>::template ss<0, 0>(acc_s[0], desc_k.k_desc(kk), desc_q.k_desc(kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<T, kBlockM>::template ss<0, 0>(acc_dp[0], desc_v.k_desc(kk), desc_do.k_desc(kk), kk > 0);
+        Wgmma<T, kQCols>::template ss<0, 0>(acc_dp[0], desc_v.k_desc(kk), desc_do.k_desc(kk), kk > 0);
       wgmma_commit();
     }
     wgmma_wait<1>();
     fence_operand(acc_s[0]);
 
-    // P^T = exp2(S^T - LSE): this thread's columns are queries n * 8 + 2t (+1).
-    score.template apply<K::kScoreMod, true>(acc_s, th, key0, 16, m0, lane,
-                                             score.needs_mask(m0, m0 + kBlockM, n0 + key_wg, 64));
-    const float* lse_st = sLse + st * kBlockM;
-    const float* delta_st = sDelta + st * kBlockM;
+    // P^T = exp2(S^T - LSE): this thread's columns are queries q_wg + n * 8 + 2t (+1).
+    score.template apply<K::kScoreMod, true>(acc_s, th, key0, 16, m0 + q_wg, lane,
+                                             score.needs_mask(m0 + q_wg, m0 + q_wg + kQCols, n0 + key_wg, 64));
+    const float* lse_st = sLse + st * kBlockM + q_wg;
+    const float* delta_st = sDelta + st * kBlockM + q_wg;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       const float2 l = *reinterpret_cast<const float2*>(lse_st + n * 8 + 2 * t);
@@ -290,8 +327,28 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     acc_to_a<T>(a_p, acc_s);
     acc_to_a<T>(a_ds, acc_dp);
 
-    // dV += P^T dO, dK += dS^T Q (dO and Q are MN-major B operands: K = queries).
-    {
+    // dV += P^T dO, dK += dS^T Q (dO and Q are MN-major B operands: K = queries).  Keys
+    // split: P^T and dS^T are this consumer's registers; head dim split: each consumer holds
+    // half of them, so both go through shared memory and every consumer reads them whole.
+    if constexpr (kSplitD) {
+      T* sPs = reinterpret_cast<T*>(smem + K::kOffP) + (it % 2) * (TileDS::kBytes / 2);
+      store_t(sPs, a_p, q_wg);
+      store_t(sdSs, a_ds, q_wg);
+      fence_proxy_async_shared();  // visible to wgmma after the barrier
+      named_barrier_sync(kBarDs, 128 * K::kConsumers);
+      const KMajorDesc<TileDS> desc_p(sPs, 0), desc_ds(sdSs, 0);
+      const MnMajorDesc<TileQ> desc_dot(cols(sdOs, TileQ{}, d_wg)), desc_qt(cols(sQs, TileQ{}, d_wg));
+      fence_operand(acc_dv);
+      fence_operand(acc_dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Wgmma<T, kDCols>::template ss<0, 1>(acc_dv, desc_p.k_desc(kk), desc_dot.k_desc(kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Wgmma<T, kDCols>::template ss<0, 1>(acc_dk, desc_ds.k_desc(kk), desc_qt.k_desc(kk), 1);
+      wgmma_commit();
+    } else {
       const MnMajorDesc<TileQ> desc_dot(sdOs), desc_qt(sQs);
       fence_operand(acc_dv);
       fence_operand(acc_dk);
@@ -304,28 +361,21 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
 
     if (dq) {
-      // dS^T into its buffer (the A fragments' layout: rows g, g + 8, columns 2t, 8 + 2t of
-      // each 16-column step), then dQ = dS K over all keys, this consumer's columns.
-      T* sdSs = sdS + (it % 2) * (TileDS::kBytes / 2);
-      const unsigned r = unsigned(key_wg + warp_wg * 16 + g);
-#pragma unroll
-      for (int kk = 0; kk < kNT / 2; ++kk) {
-        const unsigned c = unsigned(16 * kk + 2 * t);
-        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r, c)) = a_ds[0][kk][0];
-        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r + 8, c)) = a_ds[0][kk][1];
-        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r, c + 8)) = a_ds[0][kk][2];
-        *reinterpret_cast<uint32_t*>(sdSs + TileDS::offset(r + 8, c + 8)) = a_ds[0][kk][3];
+      // dS^T into its buffer (keys split: each consumer its rows), then dQ = dS K over all
+      // keys, this consumer's columns.
+      if constexpr (!kSplitD) {
+        store_t(sdSs, a_ds, 0);
+        fence_proxy_async_shared();  // visible to wgmma after the barrier
+        named_barrier_sync(kBarDs, 128 * K::kConsumers);
       }
-      fence_proxy_async_shared();  // visible to wgmma after the barrier
-      named_barrier_sync(kBarDs, 128 * K::kConsumers);
       float acc_dq[K::kDqBlocks][K::kDqCols / 8][4];
       wgmma_fence();
 #pragma unroll
       for (int mb = 0; mb < K::kDqBlocks; ++mb) {
-        const MnMajorDesc<TileDS> desc_ds(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
+        const MnMajorDesc<TileDS> desc_dst(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk)
-          Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_ds.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
+          Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
@@ -374,7 +424,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     if (n0 + j < seq.k_rows) {
 #pragma unroll
       for (int n = 0; n < kDT; ++n) {
-        const int c = n * 8 + 2 * t;
+        const int c = d_wg + n * 8 + 2 * t;
         if (c < pr.head_dim) {
           *reinterpret_cast<uint32_t*>(gdk + j * p.dk.row_stride + c) =
               pack2<T>(acc_dk[n][2 * rr] * pr.scale, acc_dk[n][2 * rr + 1] * pr.scale);

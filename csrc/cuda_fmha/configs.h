@@ -81,14 +81,20 @@ static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
               "the sm90 forward's tiles must fit 227 KB");
 
-// The sm_90a backward (bwd_sm90_kernel.h): 128 keys per CTA (64 per consumer warpgroup),
-// query blocks in a ring of two stages, at head dims 64 and 128 (others, dropout and
-// seqused_k run on the mma.sync backward). Query blocks of 128 rows at D = 64 (4-8% faster
-// than 64 in the benchmark, docs/tuning.md), 64 with softcap/ALiBi there (the tanh kept for
-// the gradient would spill 436 B at 128) and at D = 128 (dK, dV take 128 registers).
+// The sm_90a backward (bwd_sm90_kernel.h): at head dims 64 and 128, 128 keys per CTA (64
+// per consumer warpgroup) and query blocks in a ring of two stages; at 192 and 256, 64 keys
+// shared by both consumers (the head dim split between them), 64-row query blocks, two
+// stages at 192 and one at 256, where the fp32 dQ block (64 KB) leaves room for one
+// (others, dropout and seqused_k run on the mma.sync backward).  Query blocks of 128 rows
+// at D = 64 (4-8% faster than 64 in the benchmark, docs/tuning.md), 64 with softcap/ALiBi
+// there (the tanh kept for the gradient would spill 436 B at 128) and at D = 128 (dK, dV
+// take 128 registers).
 template <class T, int D, bool kScoreMod>
-using BwdSm90Config = BwdSm90Traits<T, D, D == 64 && !kScoreMod ? 128 : 64, 2, kScoreMod>;
-static_assert(BwdSm90Config<__half, 128, true>::kSmemBytes <= 232448, "the sm90 backward's tiles must fit 227 KB");
+using BwdSm90Config = BwdSm90Traits<T, D, D == 64 && !kScoreMod ? 128 : 64, D == 256 ? 1 : 2, kScoreMod>;
+static_assert(BwdSm90Config<__half, 128, true>::kSmemBytes <= 232448 &&
+                  BwdSm90Config<__half, 192, true>::kSmemBytes <= 232448 &&
+                  BwdSm90Config<__half, 256, true>::kSmemBytes <= 232448,
+              "the sm90 backward's tiles must fit 227 KB");
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdConfig = BwdTraits<T, D, BwdTile<D>::kM, BwdTile<D>::kN, BwdTile<D>::kStages, kDropout, kScoreMod>;

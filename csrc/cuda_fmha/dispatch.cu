@@ -235,6 +235,8 @@ bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, cud
   switch (padded_head_dim(pr.head_dim)) {
     case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, s);
     case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, s);
+    case 192: return bwd_sm90_instance<T, 192>(p, dq_accum, delta, s);
+    case 256: return bwd_sm90_instance<T, 256>(p, dq_accum, delta, s);
     default: return false;
   }
 #else
