@@ -5,6 +5,7 @@ CPU kernel for these ops), through the aten ops themselves and through
 torch.nn.attention.varlen.varlen_attn; on a GPU, SDPA's flash backend is checked to run
 fmha's kernels after activation and torch's after restore."""
 
+import inspect
 import itertools
 
 import pytest
@@ -69,25 +70,62 @@ def test_flash_attention_ops_dense(cpu_kernels, dtype):
         assert_close(got, want, GRAD_TOL[dtype], name)
 
 
-def test_varlen_attn(cpu_kernels):
-    # torch's public varlen API on the CPU: packed sequences (one empty), GQA, causal
-    # (window (-1, 0)), forward and backward through its autograd.
+def _varlen_case(device):
+    """Packed sequences (one empty) for torch.nn.attention.varlen.varlen_attn, causal, with
+    GQA where this torch's varlen_attn has enable_gqa (2.13; 2.11 has is_causal and neither
+    window_size nor enable_gqa)."""
     from torch.nn.attention.varlen import varlen_attn
+    params = inspect.signature(varlen_attn).parameters
+    kw = dict(window_size=(-1, 0)) if "window_size" in params else dict(is_causal=True)
+    hk = 4
+    if "enable_gqa" in params:
+        kw["enable_gqa"], hk = True, 2
     lens_q, lens_k = [5, 0, 40, 17], [9, 3, 40, 30]
-    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device=device)
     dtype = torch.bfloat16
-    q = randn(int(cu_q[-1]), 4, 32, dtype=dtype).requires_grad_()
-    k = randn(int(cu_k[-1]), 2, 32, dtype=dtype).requires_grad_()
-    v = randn(int(cu_k[-1]), 2, 32, dtype=dtype).requires_grad_()
-    dout = randn(int(cu_q[-1]), 4, 32, dtype=dtype)
-    out = varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=(-1, 0), enable_gqa=True)
-    out.backward(dout)
-    ref_out, _, dq, dk, dv = _grads_ref(q.detach(), k.detach(), v.detach(), dout, causal=True, cu_seqlens_q=cu_q,
-                                        cu_seqlens_k=cu_k)
-    assert_close(out, ref_out, OUT_TOL[dtype], "out")
-    for name, got, want in (("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv)):
-        assert_close(got, want, GRAD_TOL[dtype], name)
+    q = randn(int(cu_q[-1]), 4, 64, dtype=dtype, device=device).requires_grad_()
+    k = randn(int(cu_k[-1]), hk, 64, dtype=dtype, device=device).requires_grad_()
+    v = randn(int(cu_k[-1]), hk, 64, dtype=dtype, device=device).requires_grad_()
+    dout = randn(int(cu_q[-1]), 4, 64, dtype=dtype, device=device)
+
+    def run():
+        out = varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **kw)
+        out.backward(dout)
+        return out
+
+    def check(out):
+        ref_out, _, dq, dk, dv = _grads_ref(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), dout.cpu(),
+                                            causal=True, cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k.cpu())
+        assert_close(out, ref_out, OUT_TOL[dtype], "out")
+        for name, got, want in (("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv)):
+            assert_close(got, want, GRAD_TOL[dtype], name)
+
+    return run, check
+
+
+def test_varlen_attn(cpu_kernels):
+    # torch's public varlen API on the CPU, forward and backward through its autograd.
+    run, check = _varlen_case("cpu")
+    check(run())
+
+
+def test_varlen_attn_runs_fmha(device):
+    # On a GPU: varlen_attn after activation runs fmha's kernels (seen by the profiler) and
+    # matches the float64 reference, forward and backward.
+    if device == "cpu":
+        pytest.skip("varlen_attn reaches the flash ops on CUDA tensors only (test_varlen_attn covers the CPU)")
+    run, check = _varlen_case(device)
+    handle = fmha.use_as_sdpa_backend()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = run()
+            torch.cuda.synchronize()
+    finally:
+        handle.remove()
+    names = {e.name for e in prof.events()}
+    assert any("fmha" in n for n in names), f"varlen_attn did not run fmha's kernels: {sorted(names)}"
+    check(out)
 
 
 def test_sdpa_flash_ops(cpu_kernels):
