@@ -13,7 +13,7 @@ pytestmark = requires_toolchain
 from amdemu import emu  # noqa: E402
 from amdemu import fmha_launch as L  # noqa: E402
 
-TOL = {"bf16": 2e-2, "fp16": 4e-3}
+TOL = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 2e-5}
 
 # name: (Case arguments, quick?).  Lengths are chosen against the tiles: forward blocks of
 # 128 (D <= 96) or 64 query rows and 64- or 32-key blocks; backward blocks of 64 keys.
@@ -30,6 +30,11 @@ CASES = {
     # varlen: an empty sequence, seqused_k, a padded head dim (40 -> the 64 kernel)
     "varlen_seqused": (dict(dtype="fp16", seqs=[(17, 30), (0, 5), (40, 66)], Hq=2, Hk=1, D=40, varlen=True,
                             seqused_k=[25, 5, 60], causal=True), True),
+    # fp32: the vector-ALU row-wise kernels of dispatch.hip (rowwise_fwd, rowwise_bwd_dq/dkdv)
+    "fp32_rowwise_features": (dict(dtype="fp32", seqs=[(9, 13)], Hq=2, Hk=1, D=24, causal=True, softcap=3.0,
+                                   alibi=True, dropout_p=0.2), True),
+    "fp32_varlen": (dict(dtype="fp32", seqs=[(5, 9), (12, 7)], Hq=2, Hk=2, D=40, varlen=True, window=(4, 4)),
+                    False),
     "d96_mqa": (dict(dtype="bf16", seqs=[(50, 90)], Hq=4, Hk=1, D=96), False),
     "d192_window": (dict(dtype="fp16", seqs=[(30, 40)], Hq=1, Hk=1, D=192, window=(10, -1)), False),
     "d256_dropout_softcap": (dict(dtype="bf16", seqs=[(20, 36)], Hq=1, Hk=1, D=256, dropout_p=0.2, softcap=5.0),
@@ -136,3 +141,66 @@ def test_wrong_lds_offset_is_caught():
     assert state["done"]
     with pytest.raises(AssertionError):
         check_fwd(c, out, lse)
+
+
+# ------------------------------------------------------------------------ decode
+
+DECODE_CASES = {
+    # contiguous bf16 cache, GQA 4:1 packed into one 16-row tile
+    "plain_gqa": (dict(dtype="bf16", cache="plain", B=2, Sq=1, Hq=4, Hk=1, D=64, cache_seqlens=[37, 80]), True),
+    # paged fp8 with per-token scales, 3 splits + combine, two query rows
+    "paged_fp8_token_splits": (dict(dtype="fp16", cache="fp8", B=2, Sq=2, Hq=4, Hk=2, D=128, cache_seqlens=[40, 70],
+                                    page_size=16, scaling="token", num_splits=3), True),
+    # int8 per-head, left padding, softcap and ALiBi, 2 splits
+    "int8_leftpad_softcap_alibi": (dict(dtype="bf16", cache="int8", B=1, Sq=3, Hq=2, Hk=2, D=64, cache_seqlens=[50],
+                                        leftpad=[7], softcap=4.0, alibi=True, num_splits=2), True),
+    # append two tokens with rotary (GPT-NeoX pairs) under a causal mask
+    "append_rotary_causal": (dict(dtype="bf16", cache="plain", B=2, Sq=2, Hq=4, Hk=2, D=64, cache_seqlens=[37, 20],
+                                  seqlen_new=2, rotary_dim=32, window=(-1, 0)), True),
+    # append into a paged fp8 cache, per-token scales written, interleaved rotary, 3 splits
+    "append_paged_fp8_interleaved": (dict(dtype="fp16", cache="fp8", B=2, Sq=1, Hq=2, Hk=1, D=128,
+                                          cache_seqlens=[40, 70], page_size=16, scaling="token", num_splits=3,
+                                          seqlen_new=1, rotary_dim=64, interleaved=True), True),
+    "append_int8_head_scale": (dict(dtype="bf16", cache="int8", B=1, Sq=3, Hq=2, Hk=2, D=64, cache_seqlens=[50],
+                                    scaling="head", seqlen_new=3, num_splits=2), False),
+    "d256_plain_window": (dict(dtype="fp16", cache="plain", B=1, Sq=4, Hq=8, Hk=2, D=256, cache_seqlens=[45],
+                               window=(20, 0), num_splits=2), False),
+    "paged_int8_token_page32": (dict(dtype="fp16", cache="int8", B=3, Sq=1, Hq=2, Hk=2, D=64,
+                                     cache_seqlens=[1, 64, 90], page_size=32, scaling="token", num_splits=4), False),
+}
+
+
+def check_append(c, cache):
+    kv, vv, ks, vs = cache
+    for (b, t, hk), rows in c.appended().items():
+        o, r = c._pos(b, c.seqlens[b] + t)
+        for want, got, sc in ((rows[0], kv[o, r, hk], ks), (rows[1], vv[o, r, hk], vs)):
+            if c.cache == "plain":
+                np.testing.assert_allclose(got, want, atol=TOL[c.dtype] * np.abs(want).max(), rtol=0)
+                continue
+            s = sc[hk] if c.scaling == "head" else sc[o, r, hk]
+            if c.scaling == "token":
+                amax = np.abs(want).max()
+                np.testing.assert_allclose(s, amax / (448.0 if c.cache == "fp8" else 127.0), rtol=1e-6)
+            step = np.abs(want) * 2.0**-4 + s * 2.0**-9 if c.cache == "fp8" else 0.5 * s
+            assert (np.abs(got * s - want) <= step * 1.001 + 1e-7).all(), (b, t, hk)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", [n for n, (_, q) in DECODE_CASES.items() if q or FULL])
+def test_decode(arch, name):
+    c = L.DecodeCase(**DECODE_CASES[name][0])
+    out, lse, run = L.decode(arch, c)
+    if c.seqlen_new:
+        check_append(c, run.cache)
+    ro, rl = c.reference(*run.cache)
+    close("out", out, ro, c.dtype)
+    np.testing.assert_allclose(lse, rl, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["reverse", "roundrobin", "random"])
+def test_decode_under_other_wave_orders(order):
+    c = L.DecodeCase(**DECODE_CASES["paged_fp8_token_splits"][0])
+    out, lse, run = L.decode("gfx942", c, order=order)
+    ro, rl = c.reference(*run.cache)
+    close("out", out, ro, c.dtype)

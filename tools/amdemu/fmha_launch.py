@@ -10,7 +10,9 @@ import numpy as np
 
 from . import build, codeobj, emu, memory
 
-DTYPE = {"fp16": 1, "bf16": 2}
+DTYPE = {"fp32": 0, "fp16": 1, "bf16": 2}
+ESIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+BITS = {"fp32": np.uint32, "fp16": np.uint16, "bf16": np.uint16}
 ROW_WAVES = 4  # rowwise.h kRowWaves (checked against the code in tests: grid sizes)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
@@ -45,6 +47,8 @@ class BwdParams(C.Structure):
 def to_bits(x, dtype):
     """float array -> uint16 bits of fp16 or bf16 (round to nearest even)."""
     x = np.asarray(x, np.float32)
+    if dtype == "fp32":
+        return x.view(np.uint32)
     if dtype == "fp16":
         return x.astype(np.float16).view(np.uint16)
     u = x.view(np.uint32).astype(np.uint64)
@@ -53,6 +57,8 @@ def to_bits(x, dtype):
 
 
 def from_bits(b, dtype):
+    if dtype == "fp32":
+        return np.asarray(b, np.uint32).view(np.float32).astype(np.float64)
     b = np.asarray(b, np.uint16)
     if dtype == "fp16":
         return b.view(np.float16).astype(np.float64)
@@ -254,30 +260,35 @@ def fwd(arch, c, order="sequential", patch=None):
     r = Run(arch, order, patch=patch)
     mem = r.mem
     pq, pk, pv = _upload(r, c, c.q, "q"), _upload(r, c, c.k, "k"), _upload(r, c, c.v, "v")
-    po = mem.alloc(c.q.size * 2, "out")
+    es = ESIZE[c.dtype]
+    po = mem.alloc(c.q.size * es, "out")
     plse = mem.alloc(c.Hq * c.q.shape[0] * 4, "lse")
     pr = c._problem(r)
     p = FwdParams(C.sizeof(FwdParams), 2, pr, c.tensor(pq, c.Sq, c.Hq), c.tensor(pk, c.Sk, c.Hk),
                   c.tensor(pv, c.Sk, c.Hk), c.tensor(po, c.Sq, c.Hq), plse, Tensor(0, 0, 0, 0))
     hd = padded_head_dim(c.D)
-    src = f"fwd_{c.dtype}_hdim{hd}" + ("_dropout" if c.dropout_p > 0 else "")
-    block_m = 4 * (32 if hd <= 96 else 16)  # FwdTraits::kBlockM: 4 waves x RowTile<D>::N (configs.h)
-    r.launch(src, "fwd_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B), (256, 1, 1), bytes(p))
+    if c.dtype == "fp32":  # the vector-ALU path: one wave per row
+        r.launch("dispatch", "rowwise_fwd_kernelIf", ((c.Sq + ROW_WAVES - 1) // ROW_WAVES, c.Hq, c.B), (256, 1, 1),
+                 bytes(p))
+    else:
+        src = f"fwd_{c.dtype}_hdim{hd}" + ("_dropout" if c.dropout_p > 0 else "")
+        block_m = 4 * (32 if hd <= 96 else 16)  # FwdTraits::kBlockM: 4 waves x RowTile<D>::N (configs.h)
+        r.launch(src, "fwd_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B), (256, 1, 1), bytes(p))
     if c.varlen and c.q.shape[0] > 0:
         _zero_outside(r, c, c.tensor(po, c.Sq, c.Hq), plse, pr.cu_seqlens_q, c.q.shape[0], c.Hq)
-    out = from_bits(mem.read(po, c.q.size * 2, np.uint16), c.dtype).reshape(c.q.shape)
+    out = from_bits(mem.read(po, c.q.size * es, BITS[c.dtype]), c.dtype).reshape(c.q.shape)
     lse = c.lse_from_device(mem.read(plse, c.Hq * c.q.shape[0] * 4, np.float32))
     return out, lse, r
 
 
 def _zero_outside(r, c, t, lse, cu, total, heads):
     args = bytes(t) + struct.pack("<QQiii", lse, cu, c.B, total, c.D)
-    r.launch("dispatch", f"zero_outside_kernelIN{_tname(c.dtype)}", ((total + ROW_WAVES - 1) // ROW_WAVES, heads, 1),
+    r.launch("dispatch", f"zero_outside_kernelI{'N' if c.dtype != 'fp32' else ''}{_tname(c.dtype)}", ((total + ROW_WAVES - 1) // ROW_WAVES, heads, 1),
              (256, 1, 1), args)
 
 
 def _tname(dtype):
-    return {"fp16": "S0_3f16E", "bf16": "S0_4bf16E"}[dtype]
+    return {"fp16": "S0_3f16E", "bf16": "S0_4bf16E", "fp32": "fE"}[dtype]
 
 
 def bwd(arch, c, deterministic=False, order="sequential", patch=None):
@@ -295,11 +306,12 @@ def bwd(arch, c, deterministic=False, order="sequential", patch=None):
     else:
         lse_dev = lse_ref.reshape(c.Hq, c.B, c.Sq).transpose(1, 0, 2)
     plse = mem.array(np.ascontiguousarray(lse_dev, np.float32), "lse")
-    pdq, pdk, pdv = mem.alloc(c.q.size * 2, "dq"), mem.alloc(c.k.size * 2, "dk"), mem.alloc(c.v.size * 2, "dv")
+    es = ESIZE[c.dtype]
+    pdq, pdk, pdv = mem.alloc(c.q.size * es, "dq"), mem.alloc(c.k.size * es, "dk"), mem.alloc(c.v.size * es, "dv")
     rows_q = c.q.shape[0]
     hd = padded_head_dim(c.D)
     delta_bytes = (rows_q * c.Hq * 4 + 255) // 256 * 256
-    accum_bytes = 0 if deterministic else rows_q * c.Hq * hd * 4
+    accum_bytes = 0 if deterministic or c.dtype == "fp32" else rows_q * c.Hq * hd * 4
     ws = mem.alloc(delta_bytes + accum_bytes, "workspace")
     pr = c._problem(r)
     p = BwdParams(C.sizeof(BwdParams), 2, pr, c.tensor(pq, c.Sq, c.Hq), c.tensor(pk, c.Sk, c.Hk),
@@ -308,33 +320,282 @@ def bwd(arch, c, deterministic=False, order="sequential", patch=None):
                   ws, delta_bytes + accum_bytes)
     pb = bytes(p)
     delta, accum = ws, ws + delta_bytes
-    tn = _tname(c.dtype)
+    tn = ("N" if c.dtype != "fp32" else "") + _tname(c.dtype)
     rows_grid = lambda rows: (rows + ROW_WAVES - 1) // ROW_WAVES
     if c.Sq > 0:
-        r.launch("dispatch", f"bwd_delta_kernelIN{tn}", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
+        r.launch("dispatch", f"bwd_delta_kernelI{tn}", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
                  pb + struct.pack("<Q", delta))
-    if accum_bytes:
-        mem.write(accum, np.zeros(accum_bytes, np.uint8))  # hipMemsetAsync
-    drop = c.dropout_p > 0
-    mod = c.softcap > 0 or c.alibi is not None
-    suffix = ("_dropout" if drop else "") + ("_scoremod" if mod else "")
-    src = f"bwd_{c.dtype}_hdim{hd}{suffix}"
-    r.launch(src, "bwd_kernel", ((c.Sk + 63) // 64, c.Hk, c.B), (256, 1, 1),
-             pb + struct.pack("<QQ?", 0 if deterministic else accum, delta, not deterministic))
-    if deterministic:
-        block_m = 4 * (32 if hd <= 96 else 16)
-        r.launch(f"bwd_dq_{c.dtype}_hdim{hd}{suffix}", "bwd_dq_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B),
-                 (256, 1, 1), pb + struct.pack("<Q", delta))
-    elif rows_q > 0:
-        r.launch("dispatch", f"dq_convert_kernelIN{tn}", (rows_grid(rows_q), c.Hq, 1), (256, 1, 1),
-                 pb + struct.pack("<Qqi", accum, rows_q, hd))
+    if c.dtype == "fp32":  # the vector-ALU path: a wave per query row, then per key row
+        if c.Sq > 0:
+            r.launch("dispatch", "rowwise_bwd_dq_kernelIf", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
+                     pb + struct.pack("<Q", delta))
+        if c.Sk > 0:
+            r.launch("dispatch", "rowwise_bwd_dkdv_kernelIf", (rows_grid(c.Sk), c.Hk, c.B), (256, 1, 1),
+                     pb + struct.pack("<Q", delta))
+    else:
+        if accum_bytes:
+            mem.write(accum, np.zeros(accum_bytes, np.uint8))  # hipMemsetAsync
+        drop = c.dropout_p > 0
+        mod = c.softcap > 0 or c.alibi is not None
+        suffix = ("_dropout" if drop else "") + ("_scoremod" if mod else "")
+        src = f"bwd_{c.dtype}_hdim{hd}{suffix}"
+        r.launch(src, "bwd_kernel", ((c.Sk + 63) // 64, c.Hk, c.B), (256, 1, 1),
+                 pb + struct.pack("<QQ?", 0 if deterministic else accum, delta, not deterministic))
+        if deterministic:
+            block_m = 4 * (32 if hd <= 96 else 16)
+            r.launch(f"bwd_dq_{c.dtype}_hdim{hd}{suffix}", "bwd_dq_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B),
+                     (256, 1, 1), pb + struct.pack("<Q", delta))
+        elif rows_q > 0:
+            r.launch("dispatch", f"dq_convert_kernelI{tn}", (rows_grid(rows_q), c.Hq, 1), (256, 1, 1),
+                     pb + struct.pack("<Qqi", accum, rows_q, hd))
     if c.varlen:
-        if deterministic and rows_q > 0:
+        if (deterministic or c.dtype == "fp32") and rows_q > 0:
             _zero_outside(r, c, c.tensor(pdq, c.Sq, c.Hq), 0, pr.cu_seqlens_q, rows_q, c.Hq)
         if c.k.shape[0] > 0:
             for t in (c.tensor(pdk, c.Sk, c.Hk), c.tensor(pdv, c.Sk, c.Hk)):
                 args = bytes(t) + struct.pack("<QQiii", 0, pr.cu_seqlens_k, c.B, c.k.shape[0], c.D)
-                r.launch("dispatch", f"zero_outside_kernelIN{tn}", (rows_grid(c.k.shape[0]), c.Hk, 1), (256, 1, 1),
+                r.launch("dispatch", f"zero_outside_kernelI{tn}", (rows_grid(c.k.shape[0]), c.Hk, 1), (256, 1, 1),
                          args)
-    rd = lambda a, shape: from_bits(mem.read(a, int(np.prod(shape)) * 2, np.uint16), c.dtype).reshape(shape)
+    rd = lambda a, shape: from_bits(mem.read(a, int(np.prod(shape)) * es, BITS[c.dtype]), c.dtype).reshape(shape)
     return rd(pdq, c.q.shape), rd(pdk, c.k.shape), rd(pdv, c.v.shape), r
+
+
+# ---------------------------------------------------------------------------------------
+# Decode (flash_attn_with_kvcache)
+# ---------------------------------------------------------------------------------------
+
+class DecodeParams(C.Structure):
+    _fields_ = [("struct_size", C.c_uint32), ("device", C.c_int32), ("dtype", C.c_int32), ("batch", C.c_int32),
+                ("seqlen_q", C.c_int32), ("num_heads_q", C.c_int32), ("num_heads_k", C.c_int32),
+                ("head_dim", C.c_int32), ("q", Tensor), ("out", Tensor), ("lse", C.c_uint64),
+                ("cache_dtype", C.c_int32), ("k_cache", Tensor), ("v_cache", Tensor), ("cache_batch", C.c_int32),
+                ("cache_seqlen", C.c_int32), ("block_table", C.c_uint64), ("block_table_stride", C.c_int64),
+                ("max_pages", C.c_int32), ("cache_seqlens", C.c_uint64), ("cache_batch_idx", C.c_uint64),
+                ("cache_leftpad", C.c_uint64), ("scaling", C.c_int32), ("k_scale", C.c_uint64),
+                ("v_scale", C.c_uint64), ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", C.c_int32),
+                ("rotary_cos", C.c_uint64), ("rotary_sin", C.c_uint64), ("rotary_dim", C.c_int32),
+                ("seqlen_ro", C.c_int32), ("rotary_interleaved", C.c_int32), ("scale", C.c_float),
+                ("softcap", C.c_float), ("window_left", C.c_int32), ("window_right", C.c_int32),
+                ("alibi_slopes", C.c_uint64), ("alibi_batch_stride", C.c_int64), ("num_splits", C.c_int32),
+                ("workspace", C.c_uint64), ("workspace_size", C.c_uint64)]
+
+
+def fp8_e4m3_to_float(b):
+    """csrc/common/quant.h's decoding, vectorized."""
+    b = np.asarray(b, np.uint8).astype(np.int64)
+    sign, exp, mant = b >> 7, (b >> 3) & 0xF, b & 7
+    mag = np.where(exp == 0, np.ldexp(mant.astype(np.float64), -9), np.ldexp(1 + mant / 8.0, exp - 7))
+    mag = np.where((exp == 0xF) & (mant == 7), np.nan, mag)
+    return np.where(sign == 1, -mag, mag)
+
+
+class DecodeCase:
+    """A decode problem against an existing cache (no appended tokens): contiguous or paged
+    (page_size), plain, fp8 or int8 with per-head or per-token scales."""
+
+    def __init__(self, dtype, cache, B, Sq, Hq, Hk, D, cache_seqlens, *, capacity=None, page_size=None,
+                 leftpad=None, scaling="head", softcap=0.0, alibi=False, window=(-1, -1), num_splits=1,
+                 seqlen_new=0, rotary_dim=0, interleaved=False, rng_seed=0):
+        rng = np.random.default_rng(rng_seed)
+        self.seqlen_new, self.rotary_dim, self.interleaved = seqlen_new, rotary_dim, interleaved
+        self.dtype, self.cache, self.B, self.Sq, self.Hq, self.Hk, self.D = dtype, cache, B, Sq, Hq, Hk, D
+        self.seqlens, self.leftpad = list(cache_seqlens), leftpad
+        self.softcap, self.window, self.num_splits = softcap, window, num_splits
+        self.scale = D ** -0.5
+        self.page_size = page_size
+        cap = capacity or max(cache_seqlens) + seqlen_new
+        if page_size:
+            self.max_pages = (cap + page_size - 1) // page_size
+            self.npages = B * self.max_pages + 1
+            self.block_table = rng.permutation(self.npages)[:B * self.max_pages].reshape(B, self.max_pages).astype(
+                np.int32)
+            shape = (self.npages, page_size, Hk, D)
+        else:
+            self.max_pages, self.block_table = 0, None
+            shape = (B, cap, Hk, D)
+        self.cap = cap
+        self.q = from_bits(to_bits(rng.standard_normal((B, Sq, Hq, D)), dtype), dtype)
+        if cache == "plain":
+            self.kc = to_bits(rng.standard_normal(shape), dtype)
+            self.vc = to_bits(rng.standard_normal(shape), dtype)
+            self.kval, self.vval = from_bits(self.kc, dtype), from_bits(self.vc, dtype)
+            self.ks = self.vs = None
+        else:
+            def raw():
+                if cache == "fp8":  # finite values 2^-5 .. 15, both signs
+                    e = rng.integers(2, 11, shape)
+                    return (rng.integers(0, 2, shape) << 7 | e << 3 | rng.integers(0, 8, shape)).astype(np.uint8)
+                return rng.integers(-127, 128, shape).astype(np.int8)
+            self.kc, self.vc = raw(), raw()
+            dec = fp8_e4m3_to_float if cache == "fp8" else (lambda x: x.astype(np.float64))
+            self.kval, self.vval = dec(self.kc), dec(self.vc)
+            sshape = (Hk,) if scaling == "head" else shape[:3]
+            self.scaling = scaling
+            base = 0.25 if cache == "fp8" else 0.06  # int8: new rows of N(0, 1) rarely saturate
+            self.ks = (base * rng.uniform(0.5, 1.5, sshape)).astype(np.float32)
+            self.vs = (base * rng.uniform(0.5, 1.5, sshape)).astype(np.float32)
+        self.alibi = rng.uniform(0.05, 0.5, Hq).astype(np.float32) if alibi else None
+        self.scaling = scaling
+        rnd = lambda *shape: from_bits(to_bits(rng.standard_normal(shape), dtype), dtype)
+        self.knew, self.vnew = rnd(B, seqlen_new, Hk, D), rnd(B, seqlen_new, Hk, D)
+        self.seqlen_ro = cap + Sq
+        if rotary_dim:
+            ang = np.arange(self.seqlen_ro)[:, None] * 10000.0 ** (-np.arange(rotary_dim // 2) / (rotary_dim // 2))
+            self.cos = from_bits(to_bits(np.cos(ang), dtype), dtype)
+            self.sin = from_bits(to_bits(np.sin(ang), dtype), dtype)
+
+    def rotate(self, x, pos):
+        """Rows x (n, D) rotated at positions pos (n,), in float64."""
+        x = np.array(x, np.float64)
+        if not self.rotary_dim:
+            return x
+        half = self.rotary_dim // 2
+        k = np.arange(half)
+        a, b = (2 * k, 2 * k + 1) if self.interleaved else (k, k + half)
+        pos = np.clip(pos, 0, self.seqlen_ro - 1)
+        c, s = self.cos[pos], self.sin[pos]
+        x0, y0 = x[:, a].copy(), x[:, b].copy()
+        x[:, a] = x0 * c - y0 * s
+        x[:, b] = x0 * s + y0 * c
+        return x
+
+    def appended(self):
+        """The new rows as the cache should hold them after the append: {(b, t, hk):
+        (k row, v row)} dequantized, in float64 (8-bit: quantized with this module's model
+        of csrc/common/quant.h, per-token scales from the row's max)."""
+        out = {}
+        for b in range(self.B):
+            for t in range(self.seqlen_new):
+                pos = self.seqlens[b] + t
+                for hk in range(self.Hk):
+                    k = self.rotate(self.knew[b, t, hk][None], np.array([pos]))[0]
+                    v = self.vnew[b, t, hk].astype(np.float64)
+                    out[(b, t, hk)] = (k, v)
+        return out
+
+    def _pos(self, b, pos):
+        """(outer, row) of cache position pos of sequence b (kv_cache.h CacheView)."""
+        if self.block_table is None:
+            return b, pos
+        return self.block_table[b, pos // self.page_size], pos % self.page_size
+
+    def reference(self, kval=None, vval=None, ks=None, vs=None):
+        """out, lse in float64 over a cache (default: the initial one; after an append, pass
+        the device's cache as read back by decode())."""
+        kval = self.kval if kval is None else kval
+        vval = self.vval if vval is None else vval
+        ks = self.ks if ks is None else ks
+        vs = self.vs if vs is None else vs
+        out = np.zeros(self.q.shape)
+        lse = np.zeros((self.B, self.Hq, self.Sq))
+        g = self.Hq // self.Hk
+        left, right = self.window
+        per_row = left >= 0 or right >= 0
+        for b in range(self.B):
+            lp = self.leftpad[b] if self.leftpad else 0
+            lk = self.seqlens[b] + self.seqlen_new - lp
+            qpos = self.seqlens[b] + (np.arange(self.Sq) if per_row else np.zeros(self.Sq, int))
+            qb = [from_bits(to_bits(self.rotate(self.q[b, :, h], qpos), self.dtype), self.dtype)
+                  for h in range(self.Hq)]
+            pos = lp + np.arange(lk)
+            o, r = zip(*(self._pos(b, p) for p in pos)) if lk else ((), ())
+            o, r = np.array(o, int), np.array(r, int)
+            i, j = np.arange(self.Sq)[:, None], np.arange(lk)[None, :]
+            off = lk - self.Sq
+            vis = np.ones((self.Sq, lk), bool)
+            if left >= 0:
+                vis &= j >= i + off - left
+            if right >= 0:
+                vis &= j <= i + off + right
+            for h in range(self.Hq):
+                hk = h // g
+                K, V = kval[o, r, hk], vval[o, r, hk]
+                if ks is not None:
+                    ksc = ks[hk] if self.scaling == "head" else ks[o, r, hk][:, None]
+                    vsc = vs[hk] if self.scaling == "head" else vs[o, r, hk][:, None]
+                    K, V = K * ksc, V * vsc
+                s = self.scale * qb[h] @ K.T
+                if self.softcap > 0:
+                    s = self.softcap * np.tanh(s / self.softcap)
+                if self.alibi is not None:
+                    s = s - self.alibi[h] * np.abs(i + off - j)
+                s = np.where(vis, s, -np.inf)
+                mx = s.max(axis=1, keepdims=True) if lk else np.full((self.Sq, 1), -np.inf)
+                mxf = np.where(np.isfinite(mx), mx, 0)
+                e = np.exp(s - mxf)
+                l = e.sum(axis=1, keepdims=True)
+                out[b, :, h] = np.where(l > 0, e / np.where(l > 0, l, 1), 0) @ V
+                with np.errstate(divide="ignore"):
+                    lse[b, h] = np.where(l[:, 0] > 0, np.log(np.where(l[:, 0] > 0, l[:, 0], 1)) + mxf[:, 0], -np.inf)
+        return out, lse
+
+
+def decode(arch, c, order="sequential", patch=None):
+    """decode.hip's path for fp16/bf16 queries without appended tokens: decode_kernel with
+    c.num_splits splits, then decode_combine_kernel when there are several."""
+    r = Run(arch, order, patch=patch)
+    mem = r.mem
+    B, Sq, Hq, Hk, D = c.B, c.Sq, c.Hq, c.Hk, c.D
+    pq = mem.array(to_bits(c.q, c.dtype), "q")
+    po = mem.alloc(c.q.size * 2, "out")
+    plse = mem.alloc(B * Hq * Sq * 4, "lse")
+    quant = c.cache != "plain"
+    eb = 1 if quant else 2
+    pk, pv = mem.array(c.kc, "k_cache"), mem.array(c.vc, "v_cache")
+    outer, rows = c.kc.shape[0], c.kc.shape[1]
+    ct = lambda a: Tensor(a, rows * Hk * D, Hk * D, D)
+    qt = lambda a: Tensor(a, Sq * Hq * D, Hq * D, D)
+    pbt = mem.array(c.block_table, "block_table") if c.block_table is not None else 0
+    plen = mem.array(np.asarray(c.seqlens, np.int32), "cache_seqlens")
+    plp = mem.array(np.asarray(c.leftpad, np.int32), "cache_leftpad") if c.leftpad else 0
+    pks = mem.array(c.ks, "k_scale") if quant else 0
+    pvs = mem.array(c.vs, "v_scale") if quant else 0
+    pal = mem.array(c.alibi, "alibi") if c.alibi is not None else 0
+    splits = min(c.num_splits, 128)
+    nrows = B * Hq * Sq * splits
+    al = lambda x: (x + 255) // 256 * 256
+    o_bytes, lse_bytes = (al(nrows * D * 4), al(nrows * 4)) if splits > 1 else (0, 0)
+    ws = mem.alloc(max(o_bytes + lse_bytes, 4), "workspace")
+    cdt = {"plain": DTYPE[c.dtype], "fp8": 3, "int8": 4}[c.cache]
+    scaling = 0 if not quant else (1 if c.scaling == "head" else 2)
+    Sn = c.seqlen_new
+    nt = lambda a: Tensor(a, Sn * Hk * D, Hk * D, D)
+    pkn = mem.array(to_bits(c.knew, c.dtype), "k_new") if Sn else 0
+    pvn = mem.array(to_bits(c.vnew, c.dtype), "v_new") if Sn else 0
+    pcos = mem.array(to_bits(c.cos, c.dtype), "rotary_cos") if c.rotary_dim else 0
+    psin = mem.array(to_bits(c.sin, c.dtype), "rotary_sin") if c.rotary_dim else 0
+    p = DecodeParams(C.sizeof(DecodeParams), 2, DTYPE[c.dtype], B, Sq, Hq, Hk, D, qt(pq), qt(po), plse, cdt, ct(pk),
+                     ct(pv), outer, rows, pbt, c.max_pages, c.max_pages, plen, 0, plp, scaling, pks, pvs,
+                     nt(pkn) if Sn else Tensor(0, 0, 0, 0), nt(pvn) if Sn else Tensor(0, 0, 0, 0), Sn, pcos, psin,
+                     c.rotary_dim, c.seqlen_ro if c.rotary_dim else 0, int(c.interleaved), c.scale, c.softcap,
+                     c.window[0], c.window[1], pal, 0, c.num_splits, ws, o_bytes + lse_bytes)
+    pb = bytes(p)
+    if Sn:
+        elem = {"plain": "S2_", "fp8": "h", "int8": "a"}[c.cache]
+        r.launch("decode", f"decode_append_kernelIN{_tname(c.dtype)[:-1]}E{elem}E", ((B * Sn * Hk + 3) // 4, 1, 1),
+                 (256, 1, 1), pb)
+    hd = 64 if D <= 64 else 128 if D <= 128 else 256
+    m_tiles = (Sq * (Hq // Hk) + 15) // 16
+    r.launch(f"decode_{c.dtype}_{c.cache}_hdim{hd}", "decode_kernel", (splits, Hk * m_tiles, B), (256, 1, 1),
+             pb + struct.pack("<QQi", ws, ws + o_bytes, splits))
+    if splits > 1:
+        parts = 1
+        while parts < 8 and 2 * parts < splits:
+            parts *= 2
+        parts = min(parts, 4)
+        rows_out = B * Hq * Sq
+        r.launch("decode", f"decode_combine_kernelIN{_tname(c.dtype)}", ((rows_out * parts + 3) // 4, 1, 1),
+                 (256, 1, 1), pb + struct.pack("<QQii", ws, ws + o_bytes, splits, parts))
+    out = from_bits(mem.read(po, c.q.size * 2, np.uint16), c.dtype).reshape(c.q.shape)
+    lse = mem.read(plse, B * Hq * Sq * 4, np.float32).reshape(B, Hq, Sq)
+    # the cache as the kernels left it (values before scaling) and the scales
+    kb, vb = mem.read(pk, c.kc.nbytes, c.kc.dtype).reshape(c.kc.shape), mem.read(pv, c.vc.nbytes, c.vc.dtype).reshape(
+        c.vc.shape)
+    if quant:
+        dec = fp8_e4m3_to_float if c.cache == "fp8" else (lambda x: x.astype(np.float64))
+        cache = (dec(kb), dec(vb), mem.read(pks, c.ks.nbytes, np.float32).reshape(c.ks.shape),
+                 mem.read(pvs, c.vs.nbytes, np.float32).reshape(c.vs.shape))
+    else:
+        cache = (from_bits(kb, c.dtype), from_bits(vb, c.dtype), None, None)
+    r.cache = cache
+    return out, lse, r
