@@ -1,10 +1,13 @@
-// CPU forward: for each query row, stream over its visible keys in blocks of kKeyBlock with
-// the online softmax of csrc/common/softmax.h (FlashAttention, Algorithm 1), fp32 throughout.
+// CPU forward: each work item is a block of kBlockM query rows of one head, which streams
+// over its visible keys in blocks of kBlockN with the online softmax of
+// csrc/common/softmax.h (FlashAttention, Algorithm 1), fp32 throughout; the tile kernels
+// are in tiles.inc (vectorized, one build per instruction set, see isa.h).
 #include <cmath>
 #include <vector>
 
 #include "../common/backend.h"
 #include "head.h"
+#include "isa.h"
 #include "parallel.h"
 
 namespace fmha {
@@ -13,14 +16,17 @@ namespace cpu {
 namespace {
 
 // Row i of the optional probability output: softmax probabilities, dropped ones negated.
-void probs_row(const fmha_fwd_params& p, const Head& hd, const float* q, const std::vector<float>& K,
-               int32_t k0, int32_t i, float lse, std::vector<float>& row) {
+void probs_row(const fmha_fwd_params& p, const Head& hd, const KeyRowsF32& keys, int32_t i, float lse,
+               std::vector<float>& q, std::vector<float>& row) {
   const int D = p.problem.head_dim;
   row.assign((size_t)p.problem.seqlen_k, 0.f);
   if (i < hd.seq.len_q) {
+    q.resize(D);
+    load_row(p.problem.dtype, p.q.data, hd.seq.q_offset(p.q, i, hd.h), D, q.data());
+    const float* k = keys.rows(hd.seq, hd.hk);
     for (int32_t j = hd.key_begin(i); j < hd.key_end(i); ++j) {
       float capped;
-      const float s = hd.scores(dot(q, &K[(size_t)(j - k0) * D], D), i, j, &capped);
+      const float s = hd.scores(dot(q.data(), k + j * keys.stride(), D), i, j, &capped);
       const float pr = prob_from_lse(s, lse);
       row[j] = hd.dropout_factor(i, j) == 0.f ? -pr : pr;
     }
@@ -35,39 +41,34 @@ void probs_row(const fmha_fwd_params& p, const Head& hd, const float* q, const s
 void fwd(const fmha_fwd_params& p) {
   const fmha_problem& pr = p.problem;
   const int D = pr.head_dim;
-  const int64_t row_blocks = ceil_div(pr.seqlen_q, kRowBlock);
+  const int block = tile_rows();
+  const KeyRowsF32 keys(pr, p.k), values(pr, p.v);
+  const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
   const int64_t items = (int64_t)pr.batch * pr.num_heads_q * row_blocks;
   parallel_for(items, [&](int64_t item) {
-    const int32_t rb = (int32_t)(item % row_blocks);
+    // Later query blocks see more keys under a causal mask: hand them out first.
+    const int32_t rb = (int32_t)(row_blocks - 1 - item % row_blocks);
     const int32_t h = (int32_t)((item / row_blocks) % pr.num_heads_q);
     const int32_t b = (int32_t)(item / (row_blocks * pr.num_heads_q));
     const Head hd(pr, b, h);
-    const int32_t i0 = rb * kRowBlock;
-    const int32_t i1 = std::min<int32_t>(i0 + kRowBlock, pr.seqlen_q);
+    const int32_t i0 = rb * block;
+    const int32_t i1 = std::min<int32_t>(i0 + block, pr.seqlen_q);
     const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of this block inside the sequence
-    std::vector<float> K, V, q(D), acc(D), row;
-    int32_t k0 = 0;
+    float lse_rows[kMaxTileRows];
     if (i0 < ie) {
-      k0 = hd.geom.key_begin(i0);
-      const int32_t k1 = hd.geom.key_end(ie);
-      hd.load_keys(p.k, k0, std::max(k0, k1), K);
-      hd.load_keys(p.v, k0, std::max(k0, k1), V);
+      FMHA_CPU_ISA_CALL(
+          fwd_block, tile_head(hd), keys.rows(hd.seq, hd.hk), keys.stride(), values.rows(hd.seq, hd.hk),
+          values.stride(), 0, D, i0, ie - i0,
+          [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); },
+          [&](int r, const float* src, float lse) {
+            store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i0 + r, h), D, src);
+            if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
+            lse_rows[r] = lse;
+          });
     }
-    for (int32_t i = i0; i < i1; ++i) {
-      float lse = -INFINITY;
-      if (i < ie) {
-        load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i, h), D, q.data());
-        attend_row(
-            q.data(), K.data(), V.data(), k0, hd.key_begin(i), hd.key_end(i), D,
-            [&](float qk, int32_t j) {
-              float capped;
-              return hd.scores(qk, i, j, &capped);
-            },
-            [&](int32_t j) { return hd.dropout_factor(i, j); }, acc.data(), &lse);
-        store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i, h), D, acc.data());
-        if (p.lse) p.lse[hd.seq.lse_index(pr, i, h)] = lse;
-      }
-      if (p.probs.data) probs_row(p, hd, q.data(), K, k0, i, lse, row);
+    if (p.probs.data) {
+      std::vector<float> q, row;
+      for (int32_t i = i0; i < i1; ++i) probs_row(p, hd, keys, i, i < ie ? lse_rows[i - i0] : -INFINITY, q, row);
     }
   });
   if (pr.cu_seqlens_q != nullptr && pr.batch > 0) {

@@ -10,6 +10,7 @@
 #include "../common/quant.h"
 #include "../common/rotary.h"
 #include "head.h"
+#include "isa.h"
 #include "parallel.h"
 
 namespace fmha {
@@ -108,24 +109,26 @@ void decode(const fmha_decode_params& p) {
     const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
     const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f;
     const int32_t k0 = geom.key_begin(0), k1 = std::max(k0, geom.key_end(p.seqlen_q));
-    std::vector<float> K((size_t)(k1 - k0) * D), V(K.size()), q(D), acc(D);
+    std::vector<float> K((size_t)(k1 - k0) * D), V(K.size());
     for (int32_t j = k0; j < k1; ++j) {
       load_cache_row(p, cv, p.k_cache, p.k_scale, leftpad + j, hk, &K[(size_t)(j - k0) * D]);
       load_cache_row(p, cv, p.v_cache, p.v_scale, leftpad + j, hk, &V[(size_t)(j - k0) * D]);
     }
-    for (int32_t i = 0; i < p.seqlen_q; ++i) {
-      load_row(p.dtype, p.q.data, bshd(p.q, b, i, h), D, q.data());
-      rotate(p, q.data(), filled + (per_row_positions ? i : 0));
-      float lse;
-      attend_row(
-          q.data(), K.data(), V.data(), k0, geom.key_begin(i), geom.key_end(i + 1), D,
-          [&](float qk, int32_t j) {
-            const float s = sp.apply(qk);
-            return slope != 0.f ? s - slope * geom.alibi_distance(i, j) : s;
+    // The forward's tile kernel, so a decode row equals the same row of flash_attn_func bit
+    // for bit.
+    const TileHead th{geom, sp, slope, nullptr};
+    const int block = tile_rows();
+    for (int32_t i0 = 0; i0 < p.seqlen_q; i0 += block) {
+      FMHA_CPU_ISA_CALL(
+          fwd_block, th, K.data(), D, V.data(), D, k0, D, i0, std::min(block, p.seqlen_q - i0),
+          [&](int r, float* dst) {
+            load_row(p.dtype, p.q.data, bshd(p.q, b, i0 + r, h), D, dst);
+            rotate(p, dst, filled + (per_row_positions ? i0 + r : 0));
           },
-          [](int32_t) { return 1.f; }, acc.data(), &lse);
-      store_row(p.dtype, p.out.data, bshd(p.out, b, i, h), D, acc.data());
-      if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i] = lse;
+          [&](int r, const float* src, float lse) {
+            store_row(p.dtype, p.out.data, bshd(p.out, b, i0 + r, h), D, src);
+            if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
+          });
     }
   });
 }

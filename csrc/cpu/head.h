@@ -14,6 +14,7 @@
 #include "../common/softmax.h"
 #include "convert.h"
 #include "fmha/fmha.h"
+#include "parallel.h"
 
 namespace fmha {
 namespace cpu {
@@ -89,6 +90,25 @@ struct Head {
   }
 };
 
+// What a tile kernel needs of a head: the mask, the score transform, the ALiBi slope, and
+// the head whose dropout applies (null without dropout).  The forward's Head and decode's
+// per-sequence geometry both make one.
+struct TileHead {
+  MaskGeometry geom;
+  ScoreParams score;
+  float slope;
+  const Head* dropout;
+
+  float scores(float qk, int32_t i, int32_t j, float* capped) const {
+    const float s = score.apply(qk);
+    *capped = s;
+    return slope != 0.f ? s - slope * geom.alibi_distance(i, j) : s;
+  }
+  bool general() const { return score.softcap > 0.f || slope != 0.f; }
+};
+
+inline TileHead tile_head(const Head& hd) { return TileHead{hd.geom, hd.score, hd.slope, hd.dropout ? &hd : nullptr}; }
+
 // One query row with the online softmax over keys [jb, je) (FlashAttention, Algorithm 1, in
 // blocks of kKeyBlock): acc <- softmax(scores) V, *lse <- log-sum-exp.  K and V hold fp32
 // rows from key k0 on; score(qk, j) gives the score of key j in natural units;
@@ -125,6 +145,38 @@ void attend_row(const float* q, const float* K, const float* V, int32_t k0, int3
   for (int d = 0; d < D; ++d) acc[d] *= inv;
   *lse = softmax_lse(m, l);
 }
+
+// A key-side tensor (k or v) as fp32 rows, copied (and converted from bf16/fp16) once per
+// call into a head-major layout: the rows of one (sequence, KV head) are contiguous, D
+// floats apart.  In the caller's layout (rows H * D floats apart) the rows of a key block
+// fall into a few L1 sets and evict each other; the copy costs one pass over k and v
+// against the S / kBlockM passes of the kernels.
+struct KeyRowsF32 {
+  std::vector<float> storage;
+  int64_t head_rows;  // rows per KV head: seqlen_k, or total_k in varlen mode
+  int D, heads;
+  bool varlen;
+
+  KeyRowsF32(const fmha_problem& p, const fmha_tensor& t)
+      : head_rows(p.cu_seqlens_k != nullptr ? p.total_k : p.seqlen_k),
+        D(p.head_dim),
+        heads(p.num_heads_k),
+        varlen(p.cu_seqlens_k != nullptr) {
+    storage.resize((size_t)((varlen ? 1 : p.batch) * heads * head_rows * D));
+    parallel_for((int64_t)p.batch * heads, [&](int64_t item) {
+      const int32_t b = (int32_t)(item / heads), hk = (int32_t)(item % heads);
+      const Sequence seq = Sequence::get(p, b);
+      float* dst = const_cast<float*>(rows(seq, hk));
+      for (int32_t j = 0; j < seq.k_rows; ++j) load_row(p.dtype, t.data, seq.k_offset(t, j, hk), D, dst + (int64_t)j * D);
+    });
+  }
+  // Row 0 of (sequence, KV head); row j is j * stride() floats from it.
+  const float* rows(const Sequence& seq, int32_t hk) const {
+    const int64_t row0 = varlen ? (int64_t)hk * head_rows + seq.k_row0 : ((int64_t)seq.batch * heads + hk) * head_rows;
+    return storage.data() + row0 * D;
+  }
+  int64_t stride() const { return D; }
+};
 
 // Varlen rows of the packed q (or k) that belong to no sequence: [0, cu[0]) and [cu[B], total).
 // Outputs there are written too (zeros, LSE -inf), so every output element is defined.

@@ -1,9 +1,12 @@
 #include "parallel.h"
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <vector>
 
@@ -19,33 +22,129 @@ int num_threads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
+namespace {
+
+// Persistent workers: a call hands out its items through an atomic counter to the calling
+// thread and up to num_threads() - 1 workers, which wait between calls (spinning briefly,
+// then on a condition variable).  Starting threads for every call cost ~30-60 us a call,
+// as much as a small attention forward itself on two cores.
+class Pool {
+ public:
+  // Never destroyed: workers may outlive static destructors.  A forked child has none of
+  // the parent's threads, so it starts a pool of its own (the old one is left as it is).
+  static Pool& get() {
+    static bool registered = (pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }), true);
+    (void)registered;
+    Pool*& pool = instance();
+    if (pool == nullptr) pool = new Pool();
+    return *pool;
+  }
+
+  void run(int64_t n, int workers, const std::function<void(int64_t)>& fn) {
+    std::lock_guard<std::mutex> call(call_mutex_);  // one call at a time
+    grow(workers);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0);
+      error_ = nullptr;
+      active_ = workers;
+      pending_.store(workers);
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(workers);  // the caller takes part as one more worker
+    while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static Pool*& instance() {
+    static Pool* pool = nullptr;
+    return pool;
+  }
+
+  void grow(int workers) {
+    while ((int)threads_.size() < workers) {
+      const int index = (int)threads_.size();
+      threads_.emplace_back([this, index] { loop(index); });
+      threads_.back().detach();
+    }
+  }
+
+  void loop(int index) {
+    in_pool_ = true;
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t gen = 0;
+      int active = 0;
+      for (int spin = 0; spin < 2000; ++spin) {  // some 100 us before sleeping
+        gen = generation_.load(std::memory_order_acquire);
+        if (gen != seen) break;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+        gen = generation_.load();
+        active = active_;
+      }
+      seen = gen;
+      if (index < active) {
+        work(active);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
+  void work(int) {
+    const bool was_in_pool = in_pool_;
+    in_pool_ = true;
+    for (int64_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) {
+      try {
+        (*fn_)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+        next_.store(n_);
+      }
+    }
+    in_pool_ = was_in_pool;
+  }
+
+ public:
+  static thread_local bool in_pool_;
+
+ private:
+  std::mutex call_mutex_, mutex_, error_mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<int64_t> next_{0};
+  int active_ = 0;
+  int64_t n_ = 0;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  std::exception_ptr error_;
+};
+
+thread_local bool Pool::in_pool_ = false;
+
+}  // namespace
+
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
-  const int64_t workers = std::min<int64_t>(num_threads(), n);
-  if (workers <= 1) {
+  const int64_t threads = std::min<int64_t>(num_threads(), n);
+  // One thread, or a call from inside a work item (nested): run here, in order.
+  if (threads <= 1 || Pool::in_pool_) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto run = [&] {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next.store(n);
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(workers - 1));
-  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(run);
-  run();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  Pool::get().run(n, (int)threads - 1, fn);
 }
 
 }  // namespace cpu
