@@ -52,3 +52,23 @@ def test_tiny_cpu_run(tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert f"commit {payload['meta']['commit']}" in md and "reference implementation" in md
     assert fmha.__version__ in capsys.readouterr().out
+
+
+def test_flash_attn_4_alone_is_not_taken_for_flash_attn_2(tmp_path, monkeypatch):
+    # flash-attn-4 installs flash_attn as a namespace package with only flash_attn.cute; the
+    # FlashAttention-2 peer must then be absent rather than crash the benchmark.
+    import importlib
+    import sys
+
+    import pytest
+
+    from fmha.bench import peers
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("a flash_attn package is installed here")
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("flash_attn") is not None
+    assert peers._fa2_func() is None

@@ -93,6 +93,18 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
+def _fa2_func():
+    """flash-attn 2's flash_attn_func, or None.  flash-attn-4 alone installs flash_attn as a
+    namespace package holding only flash_attn.cute, where this import fails."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func
+
+
 def _fa4_peer() -> Optional[Peer]:
     """FlashAttention-4 (pip flash-attn-4, CuTe DSL) when importable."""
     try:
@@ -125,9 +137,8 @@ def peers(device: torch.device, include_math: bool = True) -> list[Peer]:
         flex = _flex_peer(device)
         if flex is not None:
             out.append(flex)
-        if importlib.util.find_spec("flash_attn") is not None:
-            from flash_attn import flash_attn_func as fa2
-
+        fa2 = _fa2_func()
+        if fa2 is not None:
             out.append(Peer("flash-attn", "bshd", lambda q, k, v, causal: fa2(q, k, v, causal=causal)))
         if importlib.util.find_spec("xformers") is not None:
             import xformers.ops as xops
