@@ -20,8 +20,8 @@ TOL = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 2e-5}
 CASES = {
     # causal (bottom-right) with Sq > Sk: rows 0..19 see no key (output 0, LSE -inf), GQA 2:1
     "causal_masked_rows_gqa": (dict(dtype="bf16", seqs=[(70, 50)], Hq=2, Hk=1, D=64, causal=True), True),
-    # 16x16 MFMA path (D = 128), lengths off the tile
-    "d128_fp16": (dict(dtype="fp16", seqs=[(40, 45)], Hq=1, Hk=1, D=128), True),
+    # 16x16 MFMA path (D = 128): two 64-row query blocks, lengths off the tile
+    "d128_fp16": (dict(dtype="fp16", seqs=[(70, 45)], Hq=1, Hk=1, D=128), True),
     # sliding window, top-left, two sequences
     "window_top_left": (dict(dtype="fp16", seqs=[(33, 70)] * 2, Hq=2, Hk=2, D=32, window=(5, 3), top_left=True),
                         True),
@@ -35,6 +35,8 @@ CASES = {
                                    alibi=True, dropout_p=0.2), True),
     "fp32_varlen": (dict(dtype="fp32", seqs=[(5, 9), (12, 7)], Hq=2, Hk=2, D=40, varlen=True, window=(4, 4)),
                     False),
+    # lengths exactly on the tiles, several query and key blocks, causal
+    "multi_block_exact": (dict(dtype="bf16", seqs=[(256, 192)], Hq=1, Hk=1, D=64, causal=True), False),
     "d96_mqa": (dict(dtype="bf16", seqs=[(50, 90)], Hq=4, Hk=1, D=96), False),
     "d192_window": (dict(dtype="fp16", seqs=[(30, 40)], Hq=1, Hk=1, D=192, window=(10, -1)), False),
     "d256_dropout_softcap": (dict(dtype="bf16", seqs=[(20, 36)], Hq=1, Hk=1, D=256, dropout_p=0.2, softcap=5.0),
@@ -110,6 +112,22 @@ def test_forward_and_backward_under_every_wave_order(order):
         close("grad", g, w, c.dtype)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bitwise_reproducible_across_schedules(arch):
+    """The forward always, and the backward with deterministic=True, give the same bits
+    whatever order the workgroups and their waves run in (DESIGN.md: deterministic)."""
+    c = case("window_top_left")  # 2 sequences x 2 heads, 2 key blocks: several workgroups per output
+    schedules = [("sequential", "forward", 0), ("random", "random", 1), ("roundrobin", "reverse", 2)]
+    fwds = [L.fwd(arch, c, order=o, wg_order=g, seed=s)[:2] for o, g, s in schedules]
+    for out, lse in fwds[1:]:
+        np.testing.assert_array_equal(out, fwds[0][0])
+        np.testing.assert_array_equal(lse, fwds[0][1])
+    bwds = [L.bwd(arch, c, deterministic=True, order=o, wg_order=g, seed=s)[:3] for o, g, s in schedules]
+    for grads in bwds[1:]:
+        for g, g0 in zip(grads, bwds[0]):
+            np.testing.assert_array_equal(g, g0)
+
+
 # ------------------------------------------------------------------------ broken variants
 
 def _drop_barriers(ins):
@@ -161,6 +179,11 @@ DECODE_CASES = {
     "append_paged_fp8_interleaved": (dict(dtype="fp16", cache="fp8", B=2, Sq=1, Hq=2, Hk=1, D=128,
                                           cache_seqlens=[40, 70], page_size=16, scaling="token", num_splits=3,
                                           seqlen_new=1, rotary_dim=64, interleaved=True), True),
+    # fp32 queries: decode.hip's row-wise kernels (decode_append, decode_rowwise)
+    "fp32_rowwise_append_rotary": (dict(dtype="fp32", cache="plain", B=2, Sq=2, Hq=4, Hk=2, D=24,
+                                        cache_seqlens=[37, 20], seqlen_new=2, rotary_dim=8, window=(-1, 0)), True),
+    "fp32_rowwise_paged_fp8": (dict(dtype="fp32", cache="fp8", B=2, Sq=1, Hq=2, Hk=1, D=40, cache_seqlens=[40, 70],
+                                    page_size=16, scaling="token", seqlen_new=1), False),
     "append_int8_head_scale": (dict(dtype="bf16", cache="int8", B=1, Sq=3, Hq=2, Hk=2, D=64, cache_seqlens=[50],
                                     scaling="head", seqlen_new=3, num_splits=2), False),
     "d256_plain_window": (dict(dtype="fp16", cache="plain", B=1, Sq=4, Hq=8, Hk=2, D=256, cache_seqlens=[45],
@@ -204,3 +227,56 @@ def test_decode_under_other_wave_orders(order):
     out, lse, run = L.decode("gfx942", c, order=order)
     ro, rl = c.reference(*run.cache)
     close("out", out, ro, c.dtype)
+
+
+# ------------------------------------------------------------------------ every instance (full set)
+
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def sweep_case(dtype, hd, dropout, scoremod, seed):
+    """A small problem that lands on the instance (dtype, head dim hd, dropout, score mod):
+    a head dim just below hd where one exists (the padding), lengths off the tiles."""
+    D = hd - 8 if hd > 32 else hd
+    kw = dict(causal=bool(seed % 2))
+    if dropout:
+        kw["dropout_p"] = 0.25
+    if scoremod:
+        kw.update(softcap=4.0, alibi=True)
+    return L.Case(dtype, [(37, 41)], 2, 1, D, rng_seed=seed, seed=seed, **kw)
+
+
+SWEEP = [(dt, hd, dr, sm) for dt in ("bf16", "fp16") for hd in HEAD_DIMS for dr in (False, True) for sm in (False, True)]
+
+
+@pytest.mark.skipif(not FULL, reason="full set: FMHA_TEST_FULL=1")
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,hd,dropout,scoremod", SWEEP, ids=[f"{a}-d{b}-{'drop' if c else 'nodrop'}-{'mod' if d else 'plain'}"
+                                                                 for a, b, c, d in SWEEP])
+def test_every_forward_and_backward_instance(arch, dtype, hd, dropout, scoremod):
+    c = sweep_case(dtype, hd, dropout, scoremod, hd + dropout * 2 + scoremod)
+    out, lse, _ = L.fwd(arch, c)
+    check_fwd(c, out, lse)
+    _, _, rdq, rdk, rdv = c.reference(grads=True)
+    for det in (False, True):
+        dq, dk, dv, run = L.bwd(arch, c, deterministic=det)
+        assert any(f"hdim{hd}" in src for src, _, _ in run.kernels)
+        for n, g, w in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+            close(n, g, w, c.dtype)
+
+
+DECODE_SWEEP = [(dt, cache, hd) for dt in ("bf16", "fp16") for cache in ("plain", "fp8", "int8") for hd in (64, 128, 256)]
+
+
+@pytest.mark.skipif(not FULL, reason="full set: FMHA_TEST_FULL=1")
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,cache,hd", DECODE_SWEEP, ids=[f"{a}-{b}-d{c}" for a, b, c in DECODE_SWEEP])
+def test_every_decode_instance(arch, dtype, cache, hd):
+    c = L.DecodeCase(dtype, cache, 2, 2, 4, 2, hd - 8, [33, 50], page_size=16 if hd != 128 else None,
+                     scaling="token" if hd == 64 else "head", num_splits=2, seqlen_new=1, rotary_dim=16,
+                     rng_seed=hd)
+    out, lse, run = L.decode(arch, c)
+    check_append(c, run.cache)
+    ro, rl = c.reference(*run.cache)
+    close("out", out, ro, c.dtype)
+    np.testing.assert_allclose(lse, rl, atol=1e-4, rtol=1e-5)

@@ -1517,9 +1517,10 @@ class Machine:
         return ins
 
     def launch(self, kernel, grid, block, kernarg, order="sequential", seed=0, race_check=True,
-               workgroups=None):
+               workgroups=None, wg_order="forward"):
         """Runs kernel (a name fragment) over grid (x, y, z) of block (x, y, z) threads with
-        kernarg (bytes).  workgroups: optional list of (x, y, z) to run (default: all)."""
+        kernarg (bytes).  workgroups: optional list of (x, y, z) to run (default: all), in
+        wg_order ("forward", "reverse" or "random"): workgroups run one after another."""
         name, entry, kd = self.co.kernel(kernel)
         if kd.wave32:
             raise Unsupported("wave32 kernel")
@@ -1534,6 +1535,13 @@ class Machine:
         rng = random.Random(seed)
         wgs = workgroups if workgroups is not None else [(x, y, z) for z in range(grid[2]) for y in range(grid[1])
                                                            for x in range(grid[0])]
+        if wg_order == "reverse":
+            wgs = wgs[::-1]
+        elif wg_order == "random":
+            wgs = list(wgs)
+            rng.shuffle(wgs)
+        elif wg_order != "forward":
+            raise ValueError(wg_order)
         for g in wgs:
             wg = Workgroup(self, kd.group_segment_size, nwaves, race_check)
             waves = []

@@ -226,8 +226,9 @@ class Case:
 class Run:
     """One problem on the emulator: inputs in emulated memory, launches, outputs back."""
 
-    def __init__(self, arch, order="sequential", seed=0, race_check=True, patch=None):
+    def __init__(self, arch, order="sequential", seed=0, race_check=True, patch=None, wg_order="forward"):
         self.arch, self.order, self.seed, self.race_check, self.patch = arch, order, seed, race_check, patch
+        self.wg_order = wg_order
         self.mem = memory.Memory(1 << 22)
         self.machines = []
         self.kernels = []
@@ -241,7 +242,8 @@ class Run:
         if not 0 <= kd.kernarg_size - len(kernarg) < 8:
             raise emu.EmuError(f"{kernel}: the kernel takes {kd.kernarg_size} bytes of arguments, the host built "
                                f"{len(kernarg)}")
-        m.launch(kernel, grid, block, kernarg, order=self.order, seed=self.seed, race_check=self.race_check)
+        m.launch(kernel, grid, block, kernarg, order=self.order, seed=self.seed, race_check=self.race_check,
+                 wg_order=self.wg_order)
         self.machines.append(m)
         self.kernels.append((source, name, grid))
         return m
@@ -254,10 +256,10 @@ def _upload(r, c, x, name):
     return r.mem.array(to_bits(x, c.dtype), name)
 
 
-def fwd(arch, c, order="sequential", patch=None):
+def fwd(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
     """The forward as dispatch.hip runs it for fp16/bf16: fwd_kernel (and, for varlen,
     zero_outside_kernel).  Returns (out, lse (Hq, rows), run)."""
-    r = Run(arch, order, patch=patch)
+    r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
     mem = r.mem
     pq, pk, pv = _upload(r, c, c.q, "q"), _upload(r, c, c.k, "k"), _upload(r, c, c.v, "v")
     es = ESIZE[c.dtype]
@@ -291,13 +293,13 @@ def _tname(dtype):
     return {"fp16": "S0_3f16E", "bf16": "S0_4bf16E", "fp32": "fE"}[dtype]
 
 
-def bwd(arch, c, deterministic=False, order="sequential", patch=None):
+def bwd(arch, c, deterministic=False, order="sequential", patch=None, wg_order="forward", seed=0):
     """The backward as dispatch.hip runs it for fp16/bf16: bwd_delta_kernel, bwd_kernel
     (atomic dQ into the fp32 workspace, then dq_convert_kernel) or, deterministic,
     bwd_kernel + bwd_dq_kernel; zero_outside_kernel for varlen.  Inputs: the reference
     forward's out (rounded to dtype) and LSE.  Returns (dq, dk, dv, run)."""
     out_ref, lse_ref = c.reference()
-    r = Run(arch, order, patch=patch)
+    r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
     mem = r.mem
     pq, pk, pv = _upload(r, c, c.q, "q"), _upload(r, c, c.k, "k"), _upload(r, c, c.v, "v")
     po, pdo = _upload(r, c, out_ref, "out"), _upload(r, c, c.dout, "dout")
@@ -530,17 +532,17 @@ class DecodeCase:
         return out, lse
 
 
-def decode(arch, c, order="sequential", patch=None):
+def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
     """decode.hip's path for fp16/bf16 queries without appended tokens: decode_kernel with
     c.num_splits splits, then decode_combine_kernel when there are several."""
-    r = Run(arch, order, patch=patch)
+    r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
     mem = r.mem
     B, Sq, Hq, Hk, D = c.B, c.Sq, c.Hq, c.Hk, c.D
     pq = mem.array(to_bits(c.q, c.dtype), "q")
-    po = mem.alloc(c.q.size * 2, "out")
+    es = ESIZE[c.dtype]
+    po = mem.alloc(c.q.size * es, "out")
     plse = mem.alloc(B * Hq * Sq * 4, "lse")
     quant = c.cache != "plain"
-    eb = 1 if quant else 2
     pk, pv = mem.array(c.kc, "k_cache"), mem.array(c.vc, "v_cache")
     outer, rows = c.kc.shape[0], c.kc.shape[1]
     ct = lambda a: Tensor(a, rows * Hk * D, Hk * D, D)
@@ -551,7 +553,7 @@ def decode(arch, c, order="sequential", patch=None):
     pks = mem.array(c.ks, "k_scale") if quant else 0
     pvs = mem.array(c.vs, "v_scale") if quant else 0
     pal = mem.array(c.alibi, "alibi") if c.alibi is not None else 0
-    splits = min(c.num_splits, 128)
+    splits = 1 if c.dtype == "fp32" else min(c.num_splits, 128)  # DecodePlan::make
     nrows = B * Hq * Sq * splits
     al = lambda x: (x + 255) // 256 * 256
     o_bytes, lse_bytes = (al(nrows * D * 4), al(nrows * 4)) if splits > 1 else (0, 0)
@@ -571,14 +573,19 @@ def decode(arch, c, order="sequential", patch=None):
                      c.window[0], c.window[1], pal, 0, c.num_splits, ws, o_bytes + lse_bytes)
     pb = bytes(p)
     if Sn:
-        elem = {"plain": "S2_", "fp8": "h", "int8": "a"}[c.cache]
-        r.launch("decode", f"decode_append_kernelIN{_tname(c.dtype)[:-1]}E{elem}E", ((B * Sn * Hk + 3) // 4, 1, 1),
-                 (256, 1, 1), pb)
+        elem = {"plain": "S2_" if c.dtype != "fp32" else "f", "fp8": "h", "int8": "a"}[c.cache]
+        tq = "f" if c.dtype == "fp32" else f"N{_tname(c.dtype)}"
+        r.launch("decode", f"decode_append_kernelI{tq}{elem}E", ((B * Sn * Hk + 3) // 4, 1, 1), (256, 1, 1), pb)
     hd = 64 if D <= 64 else 128 if D <= 128 else 256
     m_tiles = (Sq * (Hq // Hk) + 15) // 16
-    r.launch(f"decode_{c.dtype}_{c.cache}_hdim{hd}", "decode_kernel", (splits, Hk * m_tiles, B), (256, 1, 1),
-             pb + struct.pack("<QQi", ws, ws + o_bytes, splits))
-    if splits > 1:
+    if c.dtype == "fp32":  # the vector-ALU path: a wave per (b, h, i), no splits
+        elem = {"plain": "f", "fp8": "h", "int8": "a"}[c.cache]
+        r.launch("decode", f"decode_rowwise_kernelI{elem}E", ((Sq + ROW_WAVES - 1) // ROW_WAVES, Hq, B), (256, 1, 1),
+                 pb)
+    else:
+        r.launch(f"decode_{c.dtype}_{c.cache}_hdim{hd}", "decode_kernel", (splits, Hk * m_tiles, B), (256, 1, 1),
+                 pb + struct.pack("<QQi", ws, ws + o_bytes, splits))
+    if splits > 1 and c.dtype != "fp32":
         parts = 1
         while parts < 8 and 2 * parts < splits:
             parts *= 2
@@ -586,7 +593,7 @@ def decode(arch, c, order="sequential", patch=None):
         rows_out = B * Hq * Sq
         r.launch("decode", f"decode_combine_kernelIN{_tname(c.dtype)}", ((rows_out * parts + 3) // 4, 1, 1),
                  (256, 1, 1), pb + struct.pack("<QQii", ws, ws + o_bytes, splits, parts))
-    out = from_bits(mem.read(po, c.q.size * 2, np.uint16), c.dtype).reshape(c.q.shape)
+    out = from_bits(mem.read(po, c.q.size * es, BITS[c.dtype]), c.dtype).reshape(c.q.shape)
     lse = mem.read(plse, B * Hq * Sq * 4, np.float32).reshape(B, Hq, Sq)
     # the cache as the kernels left it (values before scaling) and the scales
     kb, vb = mem.read(pk, c.kc.nbytes, c.kc.dtype).reshape(c.kc.shape), mem.read(pv, c.vc.nbytes, c.vc.dtype).reshape(
