@@ -72,3 +72,17 @@ def test_flash_attn_4_alone_is_not_taken_for_flash_attn_2(tmp_path, monkeypatch)
     importlib.invalidate_caches()
     assert importlib.util.find_spec("flash_attn") is not None
     assert peers._fa2_func() is None
+
+
+def test_model_suite_cpu(tmp_path, capsys):
+    # The end-to-end suite on a small Llama: fmha and transformers' sdpa, losses compared
+    # before any time is reported, a table in results.md.
+    import pytest
+    pytest.importorskip("transformers")
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--suites", "model", "--budget", "0.01", "--out", str(out)])
+    assert rc == 0
+    payload = json.loads((out / "results.json").read_text())
+    (row,) = [r for r in payload["results"] if r["suite"] == "model"]
+    assert set(row["ms"]) == {"fmha", "sdpa"} and row["loss_gap"] < 1e-4
+    assert "End to end: one training step" in (out / "results.md").read_text()

@@ -21,7 +21,7 @@ import torch
 
 import fmha
 
-from . import decode, memory, report, timing
+from . import decode, memory, model, report, timing
 from .peers import Case, peers
 
 _OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryError since 2.5
@@ -124,7 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes, about a minute on a GPU")
     ap.add_argument("--modes", default="fwd,fwd_bwd", help="comma-separated: fwd, fwd_bwd")
     ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
-    ap.add_argument("--suites", default="training,decode,memory", help="comma-separated: training, decode, memory")
+    ap.add_argument("--suites", default="training,decode,memory",
+                    help="comma-separated: training, decode, memory, model (one training step of a Llama-shaped "
+                         "transformers model, attention by fmha and by transformers' others; needs transformers)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
@@ -243,6 +245,20 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             results.append(row)
 
+    if "model" in suites:
+        tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
+        for case in model.cases(device, args.quick, dtype):
+            row = model.run(case, device, budget)
+            gap = model.loss_gap(row)
+            if "fmha" not in row["ms"] or gap is None or not gap < tol:
+                print(f"model suite, {case.label()}: fmha's loss {row['loss']} differs from the others' by "
+                      f"{gap} (or did not run: {row['skipped']}); no timings printed", file=sys.stderr)
+                return 1
+            row["loss_gap"] = gap
+            results.append(row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
     note = _ceiling_note(meta, results)
     if note:
         meta["notes"].append(note)
@@ -260,6 +276,7 @@ def main(argv=None) -> int:
     print(report.terminal(payload))
     print(report.decode_terminal(payload))
     print(report.memory_terminal(payload))
+    print(report.model_terminal(payload))
     written = ["results.json", "results.md"]
     try:
         from . import plots

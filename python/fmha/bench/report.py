@@ -44,6 +44,12 @@ def markdown(payload) -> str:
         lines += ["", f"## Decode: K/V read bandwidth, GB/s (device copy: {m['copy_gbps']:.0f} GB/s)", "",
                   "| " + " | ".join(dh) + " |", "|" + "---|" * len(dh)]
         lines += ["| " + " | ".join(r) + " |" for r in drows]
+    eh, erows = _model_rows(payload)
+    if erows:
+        lines += ["", "## End to end: one training step (forward, loss, backward)", "",
+                  "Same model and tokens for every implementation; `vs X` is X's step time over fmha's.", "",
+                  "| " + " | ".join(eh) + " |", "|" + "---|" * len(eh)]
+        lines += ["| " + " | ".join(r) + " |" for r in erows]
     mh, mrows = _memory_rows(payload)
     if mrows:
         lines += ["", "## Peak extra memory, forward + backward (MiB)", "",
@@ -67,6 +73,27 @@ def _memory_rows(payload):
                 cells.append(f"{r['mib'][p] / r['mib']['fmha']:.1f}x" if ok else "-")
         rows.append(cells)
     return header, rows
+
+
+def _model_rows(payload):
+    rows_in = [r for r in payload["results"] if r["suite"] == "model"]
+    if not rows_in:
+        return [], []
+    header = ["model", "attention", "ms / step", "tokens/s", "loss", "vs"]
+    rows = []
+    for r in rows_in:
+        for name in list(r["ms"]) + list(r["skipped"]):
+            if name in r["ms"]:
+                rows.append([r["case"], name, f"{r['ms'][name]:.1f}", f"{r['tokens_per_s'][name]:.0f}",
+                             f"{r['loss'][name]:.4f}", f"{r['ms'][name] / r['ms']['fmha']:.2f}x"])
+            else:
+                rows.append([r["case"], name, "-", "-", "-", f"skipped: {r['skipped'][name]}"])
+    return header, rows
+
+
+def model_terminal(payload) -> str:
+    header, rows = _model_rows(payload)
+    return _table(header, rows) if rows else ""
 
 
 def _decode_rows(payload):
