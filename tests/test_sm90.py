@@ -174,6 +174,22 @@ def test_cuda_sm90_backward_long_sequence():
     _check_sm90_backward(q, k, v, flash_call(causal=True), dict(causal=True))
 
 
+# Few CTAs (here every GQA test above): the group's query heads are shared by several CTAs
+# whose fp32 dK/dV shares dkv_reduce_kernel sums; enough CTAs (at least two per SM): one
+# CTA walks the whole group and sums it in registers.
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+def test_cuda_sm90_backward_gqa_group_split(d, split):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block_n = 64 if d > 128 else 128
+    sk = 1100 if d <= 128 else 700
+    batch = 1 if split else -(-2 * sms // ((-(-sk // block_n)) * 4))
+    q, k, v = _qkv(batch, 900, sk, 16, 4, d)
+    res, names = _kernels(lambda: check_backward("cuda", q, k, v, flash_call(causal=True), dict(causal=True)))
+    assert _ran_sm90_bwd(names), sorted(names)
+    assert any("dkv_reduce_kernel" in n for n in names) == split, sorted(names)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_cuda_sm90_backward_deterministic(d):
     # dK and dV from the sm_90a kernel (summed in registers in a fixed order), dQ from

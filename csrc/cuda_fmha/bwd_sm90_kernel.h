@@ -36,6 +36,9 @@ struct BwdSm90Maps {
   CUtensorMap q, k, v, dout;
 };
 
+// Keys per CTA: 64 per consumer warpgroup up to D = 128, 64 shared above (kSplitD).
+constexpr int bwd_sm90_block_n(int head_dim) { return head_dim > 128 ? 64 : 128; }
+
 template <class T_, int kHeadDim_, int kBlockM_, int kStages_, bool kScoreMod_>
 struct BwdSm90Traits {
   using T = T_;
@@ -47,7 +50,7 @@ struct BwdSm90Traits {
   // computing S^T and dP^T for half the queries and dK, dV, dQ for half the columns, with
   // P^T and dS^T exchanged through shared memory.
   static constexpr bool kSplitD = kHeadDim > 128;
-  static constexpr int kConsumers = 2, kBlockN = kSplitD ? 64 : 64 * kConsumers;
+  static constexpr int kConsumers = 2, kBlockN = bwd_sm90_block_n(kHeadDim);
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kQCols = kSplitD ? kBlockM / kConsumers : kBlockM;  // queries of a consumer's S^T
   static constexpr int kDCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // its columns of dK, dV
@@ -95,7 +98,7 @@ constexpr int kBarDs = 1, kBarDqEmpty = 2, kBarDqFull = 3;
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ fmha_bwd_params p, const __grid_constant__ BwdSm90Maps maps,
-                    float* dq_accum, const float* delta_ws) {
+                    float* dq_accum, const float* delta_ws, float* dkv_part, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename K::T;
   using TileQ = typename K::TileQ;
@@ -107,7 +110,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kDqThreads = 128 * K::kConsumers + 32;  // the consumers and the dQ warp
 
   const fmha_problem& pr = p.problem;
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // blockIdx.y: KV head hk and, with the GQA group split over `splits` CTAs (dkv_part),
+  // which share of its query heads this CTA walks.
+  const int n_block = blockIdx.x, hk = blockIdx.y / splits, split = blockIdx.y % splits, b = blockIdx.z;
   const Sequence seq = Sequence::get(pr, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= seq.k_rows) return;
@@ -121,7 +126,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     m_begin = geom.query_begin(n0) / kBlockM;
     n_m = max(0, (geom.query_end(min(n0 + kBlockN, seq.len_k)) + kBlockM - 1) / kBlockM - m_begin);
   }
-  const int n_iters = group * n_m;
+  const int heads = group / splits;  // query heads this CTA walks
+  const int n_iters = heads * n_m;
   // Iteration it covers head hk * group + it / n_m, query block m_begin + it % n_m; every
   // role advances the pair by one step.
   struct Step {
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     if (s.m0 == (m_begin + n_m) * kBlockM) s.m0 = m_begin * kBlockM, ++s.h;
     return s;
   };
-  const Step first{hk * group, m_begin * kBlockM};
+  const Step first{hk * group + split * heads, m_begin * kBlockM};
 
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -414,8 +420,30 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
   }
 
-  // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys and
-  // columns inside head_dim only.
+  // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys.
+  // Group split: this CTA's share into its fp32 plane of dkv_part ([split][dK, dV][row][Hk]
+  // [D], every column), for dkv_reduce_kernel; otherwise into dK and dV, columns inside
+  // head_dim only.
+  if (dkv_part != nullptr) {
+    const int64_t rows = seq.varlen ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;
+    const int64_t plane = rows * pr.num_heads_k * D;
+    const int64_t row0 = (seq.varlen ? seq.k_row0 : (int64_t)b * pr.seqlen_k) + n0;
+    float* part_dk = dkv_part + 2 * split * plane;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int j = key_wg + warp_wg * 16 + g + 8 * rr;
+      if (n0 + j < seq.k_rows) {
+        float* dst = part_dk + ((row0 + j) * pr.num_heads_k + hk) * D;
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          const int c = d_wg + n * 8 + 2 * t;
+          *reinterpret_cast<float2*>(dst + c) = make_float2(acc_dk[n][2 * rr] * pr.scale, acc_dk[n][2 * rr + 1] * pr.scale);
+          *reinterpret_cast<float2*>(dst + plane + c) = make_float2(acc_dv[n][2 * rr], acc_dv[n][2 * rr + 1]);
+        }
+      }
+    }
+    return;
+  }
   T* gdk = static_cast<T*>(p.dk.data) + seq.k_offset(p.dk, n0, hk);
   T* gdv = static_cast<T*>(p.dv.data) + seq.k_offset(p.dv, n0, hk);
 #pragma unroll
@@ -441,6 +469,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 }  // namespace fmha
 
 #include "launch.h"
+#include "rowwise.h"
 #include "tma.h"
 
 namespace fmha {
@@ -449,8 +478,11 @@ namespace cuda {
 // Returns false, launching nothing, when the copy engine cannot describe the tensors or the
 // dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
 // dq_accum == nullptr: dK and dV only (deterministic mode; bwd_dq_kernel computes dQ).
+// splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
+// the room for their fp32 shares of dK and dV (bwd_sm90_dkv_part_bytes).
 template <class K>
-bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t stream) {
+bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, int splits,
+                  cudaStream_t stream) {
   const fmha_problem& pr = p.problem;
   if (reinterpret_cast<uintptr_t>(dq_accum) % 16 != 0) return false;
   const bool varlen = pr.cu_seqlens_q != nullptr;
@@ -468,11 +500,21 @@ bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta,
     return false;
   const int n_blocks = (pr.seqlen_k + K::kBlockN - 1) / K::kBlockN;
   if (n_blocks == 0 || pr.batch == 0) return true;
-  const dim3 grid(n_blocks, pr.num_heads_k, pr.batch);
+  if (splits < 1 || dkv_part == nullptr) splits = 1;
+  const dim3 grid(n_blocks, pr.num_heads_k * splits, pr.batch);
   auto kernel = bwd_sm90_kernel<K>;
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
-  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, delta);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, delta, splits > 1 ? dkv_part : nullptr,
+                                                        splits);
   check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
+  if (splits > 1) {
+    const int64_t rows = varlen ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;
+    if (rows > 0) {
+      dkv_reduce_kernel<typename K::T><<<dim3((unsigned)((rows + kRowWarps - 1) / kRowWarps), pr.num_heads_k),
+                                   32 * kRowWarps, 0, stream>>>(p, dkv_part, rows, splits, K::kHeadDim);
+      check_cuda(cudaGetLastError(), "dkv_reduce_kernel launch");
+    }
+  }
   return true;
 }
 

@@ -209,18 +209,55 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
 
-// The sm_90a backward (wgmma, TMA) runs dK and dV, and dQ through the fp32 accumulator, on
-// compute capability 9.0 GPUs for head dims 33-64 and 97-128 without dropout or seqused_k
-// (the same FMHA_FORCE_MMA_SYNC switch as the forward); in deterministic mode dQ then
-// comes from the mma.sync bwd_dq_kernel.
+// Whether the sm_90a backward (wgmma, TMA) takes the call: compute capability 9.0, fp16/bf16,
+// head dims 33-64 and 97-256, no dropout or seqused_k, FMHA_FORCE_MMA_SYNC unset.  It runs
+// dK and dV, and dQ through the fp32 accumulator; in deterministic mode dQ then comes from
+// the mma.sync bwd_dq_kernel.
+bool bwd_sm90_takes(const fmha_problem& pr) {
+#ifdef FMHA_WITH_SM90A
+  const int d = padded_head_dim(pr.head_dim);
+  return pr.dtype != FMHA_DTYPE_FLOAT32 && pr.dropout_p == 0.f && pr.seqused_k == nullptr && d != 32 && d != 96 &&
+         device_cc_major() == 9 && !mma_sync_forced();
+#else
+  (void)pr;
+  return false;
+#endif
+}
+
+// How many CTAs share a KV head's GQA group: 1 (one CTA walks every query head of the
+// group, dK and dV summed in registers) unless that leaves fewer than two CTAs per SM, as
+// with few KV heads (Llama-style 8:1 groups at batch 1: 4 heads x 32 key blocks = 128 CTAs,
+// the causal first blocks walking 8 x 32 query blocks each).  Then the smallest divisor of
+// the group that reaches two per SM (or the whole group): each CTA walks its share of the
+// query heads and dkv_reduce_kernel sums the shares in a fixed order.
+int bwd_sm90_splits(const fmha_problem& pr, int sm_count) {
+  const int group = pr.num_heads_q / pr.num_heads_k;
+  const int64_t ctas = (int64_t)((pr.seqlen_k + bwd_sm90_block_n(padded_head_dim(pr.head_dim)) - 1) /
+                                 bwd_sm90_block_n(padded_head_dim(pr.head_dim))) * pr.num_heads_k * pr.batch;
+  const int64_t target = 2 * (int64_t)sm_count;
+  if (group == 1 || ctas == 0 || ctas >= target) return 1;
+  for (int s = 2; s < group; ++s)
+    if (group % s == 0 && ctas * s >= target) return s;
+  return group;
+}
+
+// The fp32 dK/dV shares of a split group: [splits][dK, dV][rows][Hk][padded head dim].
+size_t bwd_sm90_dkv_part_bytes(const fmha_problem& pr, int splits) {
+  if (splits <= 1) return 0;
+  const int64_t rows = pr.cu_seqlens_q != nullptr ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;
+  return (size_t)2 * splits * rows * pr.num_heads_k * padded_head_dim(pr.head_dim) * 4;
+}
+
 template <class T, int D>
-bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part,
+                       cudaStream_t s) {
   float* accum = p.deterministic ? nullptr : dq_accum;
+  const int splits = bwd_sm90_splits(p.problem, device_sm_count());
   if (score_mods(p.problem)) {
-    if (!run_bwd_sm90<BwdSm90Config<T, D, true>>(p, accum, delta, s)) return false;
+    if (!run_bwd_sm90<BwdSm90Config<T, D, true>>(p, accum, delta, dkv_part, splits, s)) return false;
     if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, true>>(p, delta, s);
   } else {
-    if (!run_bwd_sm90<BwdSm90Config<T, D, false>>(p, accum, delta, s)) return false;
+    if (!run_bwd_sm90<BwdSm90Config<T, D, false>>(p, accum, delta, dkv_part, splits, s)) return false;
     if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, false>>(p, delta, s);
   }
   return true;
@@ -228,26 +265,25 @@ bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* d
 
 // True when the sm_90a backward ran the call.
 template <class T>
-bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
+bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
 #ifdef FMHA_WITH_SM90A
-  const fmha_problem& pr = p.problem;
-  if (pr.dropout_p > 0.f || pr.seqused_k != nullptr || device_cc_major() != 9 || mma_sync_forced()) return false;
-  switch (padded_head_dim(pr.head_dim)) {
-    case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, s);
-    case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, s);
-    case 192: return bwd_sm90_instance<T, 192>(p, dq_accum, delta, s);
-    case 256: return bwd_sm90_instance<T, 256>(p, dq_accum, delta, s);
+  if (!bwd_sm90_takes(p.problem)) return false;
+  switch (padded_head_dim(p.problem.head_dim)) {
+    case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, dkv_part, s);
+    case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, dkv_part, s);
+    case 192: return bwd_sm90_instance<T, 192>(p, dq_accum, delta, dkv_part, s);
+    case 256: return bwd_sm90_instance<T, 256>(p, dq_accum, delta, dkv_part, s);
     default: return false;
   }
 #else
-  (void)p, (void)dq_accum, (void)delta, (void)s;
+  (void)p, (void)dq_accum, (void)delta, (void)dkv_part, (void)s;
   return false;
 #endif
 }
 
 template <class T>
-void bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
-  if (bwd_sm90<T>(p, dq_accum, delta, s)) return;
+void bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
+  if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return;
   switch (padded_head_dim(p.problem.head_dim)) {
     case 32: return bwd_features<T, 32>(p, dq_accum, delta, s);
     case 64: return bwd_features<T, 64>(p, dq_accum, delta, s);
@@ -287,6 +323,11 @@ size_t dq_accum_bytes(const fmha_bwd_params& p) {
   if (p.problem.dtype == FMHA_DTYPE_FLOAT32 || p.deterministic) return 0;
   return (size_t)q_rows(p.problem) * p.problem.num_heads_q * padded_head_dim(p.problem.head_dim) * 4;
 }
+// After it, for the sm_90a backward with a split GQA group, the fp32 shares of dK and dV.
+size_t dkv_part_bytes(const fmha_bwd_params& p) {
+  if (!bwd_sm90_takes(p.problem)) return 0;
+  return bwd_sm90_dkv_part_bytes(p.problem, bwd_sm90_splits(p.problem, device_sm_count()));
+}
 
 template <class T>
 void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
@@ -310,7 +351,8 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
   } else {
     const size_t accum = dq_accum_bytes(p);
     if (accum > 0) check_cuda(cudaMemsetAsync(dq_accum, 0, accum, s), "cudaMemsetAsync(dq_accum)");
-    bwd_tensor_core<T>(p, dq_accum, delta, s);
+    float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
+    bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
     if (accum > 0 && q_rows(pr) > 0) {
       dq_convert_kernel<T><<<dim3(ceil_div(q_rows(pr), kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
           p, dq_accum, q_rows(pr), padded_head_dim(pr.head_dim));
@@ -352,7 +394,9 @@ void fwd(const fmha_fwd_params& p, void* stream) {
   }
 }
 
-size_t bwd_workspace_size(const fmha_bwd_params& p) { return delta_bytes(p.problem) + dq_accum_bytes(p); }
+size_t bwd_workspace_size(const fmha_bwd_params& p) {
+  return delta_bytes(p.problem) + dq_accum_bytes(p) + dkv_part_bytes(p);
+}
 
 void bwd(const fmha_bwd_params& p, void* stream) {
   const fmha_problem& pr = p.problem;

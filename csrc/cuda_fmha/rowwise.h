@@ -100,6 +100,32 @@ __global__ void __launch_bounds__(32 * kRowWarps) dq_convert_kernel(const __grid
                           blockIdx.y, threadIdx.x % 32);
 }
 
+// The sm_90a backward's split GQA groups: dK and dV of key row `row` (packed rows when varlen,
+// b * seqlen_k + j otherwise) and KV head blockIdx.y, summed over the splits' fp32 shares
+// part[split][dK, dV][row][Hk][head_dim_padded] in split order (so deterministic), one warp
+// per row.  Grid (ceil(rows / kRowWarps), Hk).
+template <class T>
+__global__ void __launch_bounds__(32 * kRowWarps) dkv_reduce_kernel(const __grid_constant__ fmha_bwd_params p,
+                                                                     const float* part, int64_t rows, int splits,
+                                                                     int head_dim_padded) {
+  const int64_t row = (int64_t)blockIdx.x * kRowWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  const fmha_problem& pr = p.problem;
+  const int hk = blockIdx.y, lane = threadIdx.x % 32;
+  const int64_t plane = rows * pr.num_heads_k * head_dim_padded, index = (row * pr.num_heads_k + hk) * head_dim_padded;
+  const bool varlen = pr.cu_seqlens_q != nullptr;
+  for (int w = 0; w < 2; ++w) {
+    const fmha_tensor& t = w == 0 ? p.dk : p.dv;
+    LaneRow<Warp> acc;
+    acc.zero();
+    for (int s = 0; s < splits; ++s) acc.template axpy<float>(1.f, part, (2 * s + w) * plane + index, pr.head_dim, lane);
+    const int64_t off = varlen ? row * t.row_stride + (int64_t)hk * t.head_stride
+                               : (row / pr.seqlen_k) * t.batch_stride + (row % pr.seqlen_k) * t.row_stride +
+                                     (int64_t)hk * t.head_stride;
+    acc.template store<T>(t.data, off, pr.head_dim, lane);
+  }
+}
+
 // Grid (ceil(total / kRowWarps), heads).
 template <class T>
 __global__ void __launch_bounds__(32 * kRowWarps) zero_outside_kernel(fmha_tensor t, float* lse, const int32_t* cu,
