@@ -8,9 +8,8 @@
 `register()` adds "fmha" to transformers' AttentionInterface (the attention function below)
 and to its AttentionMaskInterface (the 2-D padding mask that flash-attention backends take,
 transformers' own `flash_attention_mask`), so models written against those interfaces run their attention on fmha
-(tests/test_transformers.py checks Llama, Mistral and Gemma-2 on the CPU; the GPU
-parametrization of those tests has not run yet). What transformers hands over is mapped
-onto fmha:
+(tests/test_transformers.py checks Llama, Mistral and Gemma-2 on the CPU in CI, and ran on
+an H200). What transformers hands over is mapped onto fmha:
 
 - padding masks -> the varlen kernels (tokens packed, results scattered back);
 - packed sequences: `position_ids` that restart (batch of 1, no mask), or precomputed
