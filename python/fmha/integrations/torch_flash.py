@@ -144,8 +144,8 @@ def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, i
 def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
                    *, scale=None, window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None,
                    block_table=None, num_splits=None):
-    # num_splits: fmha's forward never splits a sequence's keys, so every count is honoured
-    # (results are batch-invariant).
+    # num_splits: fmha's forward never splits a sequence's keys; every count is accepted.  On
+    # CUDA its key-block length follows max_k, so results are batch-invariant on the CPU only.
     out, lse, rng = _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                              return_debug_mask, scale, window_size_left, window_size_right, seqused_k,
                              alibi_slopes, block_table, False)
