@@ -1,7 +1,8 @@
 // Attention backward on sm_90a (the math of bwd_kernel.h, FlashAttention-3's layout of it)
 // on our tile layer (tile/sm90.h).  A CTA owns kBlockN keys of one KV head and walks over
 // every query block that sees them, for every query head of the group (dK and dV sum over
-// the group in registers).  Its threads split into warpgroups by role:
+// the group in registers) or, when that leaves too few CTAs, for its share of the group
+// (fp32 shares summed by dkv_reduce_kernel).  Its threads split into warpgroups by role:
 //
 //   producer (warpgroup 0): one thread brings K and V once, then each query block's Q and
 //     dO, by TMA into a ring of kStages stages; warp 1 fills the stage's LSE (log2 units)
@@ -15,8 +16,10 @@
 //
 // Keys in rows (S^T rather than S) puts P^T and dS^T in the accumulator layout that is
 // wgmma's A operand, so dV and dK take them from registers; only dQ needs dS in shared
-// memory, read transposed.  Without atomic dQ (deterministic mode) the consumers skip the
-// dQ product and bwd_dq_kernel computes dQ afterwards.
+// memory, read transposed.  Above D = 128 (kSplitD) the consumers share 64 keys and split
+// the queries of S^T and the columns of dK, dV, dQ instead, with P^T and dS^T through
+// shared memory.  Without atomic dQ (deterministic mode) the consumers skip the dQ product
+// and bwd_dq_kernel computes dQ afterwards.
 #pragma once
 
 #include <math.h>
