@@ -27,14 +27,15 @@ CASES = {
                         True),
     "softcap_alibi": (dict(dtype="bf16", seqs=[(40, 70)], Hq=2, Hk=1, D=64, softcap=3.0, alibi=True), True),
     "dropout": (dict(dtype="bf16", seqs=[(40, 70)], Hq=2, Hk=1, D=64, dropout_p=0.3, seed=99, offset=7), True),
-    # varlen: an empty sequence, seqused_k, a padded head dim (40 -> the 64 kernel)
+    # varlen: an empty sequence, seqused_k, a padded head dim (40 -> the 64 kernel), and 3
+    # rows before and 5 after the sequences that zero_outside_kernel must clear
     "varlen_seqused": (dict(dtype="fp16", seqs=[(17, 30), (0, 5), (40, 66)], Hq=2, Hk=1, D=40, varlen=True,
-                            seqused_k=[25, 5, 60], causal=True), True),
+                            seqused_k=[25, 5, 60], causal=True, pad=(3, 5)), True),
     # fp32: the vector-ALU row-wise kernels of dispatch.hip (rowwise_fwd, rowwise_bwd_dq/dkdv)
     "fp32_rowwise_features": (dict(dtype="fp32", seqs=[(9, 13)], Hq=2, Hk=1, D=24, causal=True, softcap=3.0,
                                    alibi=True, dropout_p=0.2), True),
-    "fp32_varlen": (dict(dtype="fp32", seqs=[(5, 9), (12, 7)], Hq=2, Hk=2, D=40, varlen=True, window=(4, 4)),
-                    False),
+    "fp32_varlen": (dict(dtype="fp32", seqs=[(5, 9), (12, 7)], Hq=2, Hk=2, D=40, varlen=True, window=(4, 4),
+                         pad=(2, 3)), False),
     # lengths exactly on the tiles, several query and key blocks, causal
     "multi_block_exact": (dict(dtype="bf16", seqs=[(256, 192)], Hq=1, Hk=1, D=64, causal=True), False),
     "d96_mqa": (dict(dtype="bf16", seqs=[(50, 90)], Hq=4, Hk=1, D=96), False),

@@ -3,7 +3,10 @@
 that set up what csrc/hip_fmha/dispatch.hip and the launch templates set up (grid, block,
 workspace, the small row-wise kernels around the matrix-core ones)."""
 
+import atexit
 import ctypes as C
+import json
+import os
 import struct
 
 import numpy as np
@@ -71,6 +74,29 @@ def padded_head_dim(d):
 
 _CO = {}
 
+# FMHA_AMDEMU_COVERAGE=path: at exit, write per kernel and architecture how many of its
+# instructions the launches of this process executed (the kernels' s_nop padding excluded).
+_COVERAGE = {}
+
+
+def _dump_coverage(path):
+    out = {}
+    for (arch, src, name), (co, seen) in sorted(_COVERAGE.items()):
+        _, entry, _ = co.kernel(name)
+        addrs = sorted(co.instrs)
+        # the kernel's instructions: from its entry to the next kernel's entry (or the end)
+        starts = sorted(e for _, (kd_addr, kd) in co.kernels.items() for e in [kd_addr + kd.entry_offset])
+        nxt = next((e for e in starts if e > entry), None)
+        body = [a for a in addrs if a >= entry and (nxt is None or a < nxt) and co.instrs[a].mnem != "s_nop"]
+        hit = sum(1 for a in body if a in seen)
+        out[f"{arch} {src} {name}"] = {"executed": hit, "instructions": len(body)}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if os.environ.get("FMHA_AMDEMU_COVERAGE"):
+    atexit.register(_dump_coverage, os.environ["FMHA_AMDEMU_COVERAGE"])
+
 
 def code_object(source, arch, defines=()):
     key = (source, arch, tuple(defines))
@@ -120,7 +146,9 @@ class Case:
 
     def __init__(self, dtype, seqs, Hq, Hk, D, *, varlen=False, causal=False, window=(-1, -1), top_left=False,
                  softcap=0.0, alibi=False, dropout_p=0.0, seed=1234, offset=0, seqused_k=None, rng_seed=0,
-                 scale=None):
+                 scale=None, pad=(0, 0)):
+        # pad (varlen): rows before the first and after the last sequence in q, k and v,
+        # which belong to no sequence (outputs and gradients 0 there, LSE -inf)
         self.dtype, self.seqs, self.Hq, self.Hk, self.D = dtype, list(seqs), Hq, Hk, D
         self.varlen, self.top_left, self.softcap = varlen, top_left, softcap
         self.window = (window[0], 0) if causal else tuple(window)
@@ -133,14 +161,16 @@ class Case:
             assert len(set(seqs)) == 1
         self.Sq = max(s[0] for s in seqs)
         self.Sk = max(s[1] for s in seqs)
-        rq = sum(s[0] for s in seqs) if varlen else self.B * self.Sq
-        rk = sum(s[1] for s in seqs) if varlen else self.B * self.Sk
+        rq = sum(s[0] for s in seqs) + sum(pad) if varlen else self.B * self.Sq
+        rk = sum(s[1] for s in seqs) + sum(pad) if varlen else self.B * self.Sk
         rnd = lambda *shape: from_bits(to_bits(rng.standard_normal(shape), dtype), dtype)
         self.q, self.k, self.v = rnd(rq, Hq, D), rnd(rk, Hk, D), rnd(rk, Hk, D)
         self.dout = rnd(rq, Hq, D)
         self.alibi = (rng.uniform(0.05, 0.5, Hq).astype(np.float32) if alibi else None)
-        self.q0 = np.concatenate([[0], np.cumsum([s[0] for s in seqs])]) if varlen else np.arange(self.B + 1) * self.Sq
-        self.k0 = np.concatenate([[0], np.cumsum([s[1] for s in seqs])]) if varlen else np.arange(self.B + 1) * self.Sk
+        self.q0 = pad[0] + np.concatenate([[0], np.cumsum([s[0] for s in seqs])]) if varlen else np.arange(
+            self.B + 1) * self.Sq
+        self.k0 = pad[0] + np.concatenate([[0], np.cumsum([s[1] for s in seqs])]) if varlen else np.arange(
+            self.B + 1) * self.Sk
 
     # ---------------------------------------------------------------- reference
     def keep(self, b, h, lq, lk):
@@ -149,7 +179,7 @@ class Case:
     def reference(self, grads=False):
         """out, lse (Hq, rows) and, with grads, dq, dk, dv: float64."""
         out = np.zeros(self.q.shape)
-        lse = np.full((self.Hq, self.q.shape[0]), np.nan)
+        lse = np.full((self.Hq, self.q.shape[0]), -np.inf)  # rows of no sequence keep -inf
         dq, dk, dv = np.zeros(self.q.shape), np.zeros(self.k.shape), np.zeros(self.v.shape)
         g = self.Hq // self.Hk
         left, right = self.window
@@ -244,8 +274,14 @@ class Run:
                                f"{len(kernarg)}")
         m.launch(kernel, grid, block, kernarg, order=self.order, seed=self.seed, race_check=self.race_check,
                  wg_order=self.wg_order)
+        if m.partial_buffer_accesses:
+            # partly in range: where the hardware's per-dword check is least documented
+            raise emu.EmuError(f"{name}: {m.partial_buffer_accesses} buffer accesses only partly in range")
         self.machines.append(m)
         self.kernels.append((source, name, grid))
+        if os.environ.get("FMHA_AMDEMU_COVERAGE") and self.patch is None:
+            base = code_object(source, self.arch, defines)
+            _COVERAGE.setdefault((self.arch, source, name), (base, set()))[1].update(m.coverage)
         return m
 
     def instructions(self):
