@@ -114,6 +114,16 @@ def test_forward_and_backward_under_every_wave_order(order):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["dropout", "fp32_rowwise_features"] + (["varlen_seqused"] if FULL else []))
+def test_probs_output(arch, name):
+    """return_attn_probs: probs_kernel (dispatch.hip) after the forward, from its LSE."""
+    c = case(name)
+    out, lse, run = L.fwd(arch, c, probs=True)
+    check_fwd(c, out, lse)
+    close("probs", run.probs, c.reference(probs=True), c.dtype)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_bitwise_reproducible_across_schedules(arch):
     """The forward always, and the backward with deterministic=True, give the same bits
     whatever order the workgroups and their waves run in (DESIGN.md: deterministic)."""
@@ -144,6 +154,19 @@ def test_missing_barrier_is_caught(kernel):
             L.fwd("gfx942", c, order="roundrobin", patch={"fwd_bf16_hdim64": _drop_barriers})
         else:
             L.bwd("gfx942", c, order="roundrobin", patch={"bwd_bf16_hdim64": _drop_barriers})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_wrong_lane_exchange_in_source_is_caught(arch):
+    """A source-level broken variant: row_reduce_sum (tile/mfma.h) starting its lane
+    exchanges at lane offset 2N instead of N, so each query's row sum misses half its
+    lanes.  Compiled from a patched copy of csrc/; the comparison must fail."""
+    edit = {"hip_fmha/tile/mfma.h": ("for (int o = N; o < kWaveSize; o *= 2) x += lane_xor(x, o);",
+                                     "for (int o = 2 * N; o < kWaveSize; o *= 2) x += lane_xor(x, o);")}
+    c = case("causal_masked_rows_gqa")
+    out, lse, _ = L.fwd(arch, c, patch={"fwd_bf16_hdim64": edit})
+    with pytest.raises(AssertionError):
+        check_fwd(c, out, lse)
 
 
 def test_wrong_lds_offset_is_caught():

@@ -61,16 +61,18 @@ def cache_dir():
     return d
 
 
-def build(src, arch, defines=(), extra_source=None):
+def build(src, arch, defines=(), extra_source=None, root=None):
     """Path of the code object of `src` (a .hip path, or None with extra_source: HIP text)
-    for `arch`.  defines: extra -D flags (the deliberately broken variants of the tests)."""
+    for `arch`.  defines: extra -D flags; root: a copy of the repository whose csrc/ is
+    on the include path instead of ours (variant())."""
+    root = pathlib.Path(root) if root else ROOT
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("amdemu: clang++-19 not found")
     rocm = os.environ.get("FMHA_ROCM_PATH", "/usr")
     flags = ["-x", "hip", f"--offload-arch={arch}", f"--rocm-path={rocm}", "-nogpulib", "--cuda-device-only",
              "--no-gpu-bundle-output", "-O3", "-std=c++17", "-DFMHA_HIP_DEVICE_CHECK",
-             f'-DFMHA_HIP_ARCH_LIST="{arch}"', f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'csrc' / 'include'}",
+             f'-DFMHA_HIP_ARCH_LIST="{arch}"', f"-I{root / 'csrc'}", f"-I{root / 'csrc' / 'include'}",
              "-fgpu-approx-transcendentals"] + [f"-D{d}" for d in defines]
     h = hashlib.sha256()
     h.update(" ".join([cxx] + flags).encode())
@@ -110,3 +112,27 @@ def instance(name, arch, defines=()):
     if not p.exists():
         p = HIP_DIR / f"{name}.hip"
     return build(p, arch, defines)
+
+
+def variant(name, arch, edits):
+    """Code object of instance `name` compiled from a copy of csrc/ with text edits
+    {relative path under csrc/: (old, new)} applied (each old must occur exactly once):
+    the deliberately broken kernels of the tests."""
+    import shutil as _sh
+    h = hashlib.sha256(repr(sorted(edits.items())).encode() + _tree_hash().encode()).hexdigest()[:16]
+    tree = cache_dir() / "variants" / h
+    if not (tree / "done").exists():
+        if tree.exists():
+            _sh.rmtree(tree)
+        _sh.copytree(ROOT / "csrc", tree / "csrc")
+        for rel, (old, new) in edits.items():
+            f = tree / "csrc" / rel
+            text = f.read_text()
+            if text.count(old) != 1:
+                raise ValueError(f"variant edit of {rel}: {old!r} occurs {text.count(old)} times")
+            f.write_text(text.replace(old, new))
+        (tree / "done").write_text("")
+    p = tree / "csrc" / "hip_fmha" / "instances" / f"{name}.hip"
+    if not p.exists():
+        p = tree / "csrc" / "hip_fmha" / f"{name}.hip"
+    return build(p, arch, root=tree)

@@ -98,10 +98,12 @@ if os.environ.get("FMHA_AMDEMU_COVERAGE"):
     atexit.register(_dump_coverage, os.environ["FMHA_AMDEMU_COVERAGE"])
 
 
-def code_object(source, arch, defines=()):
-    key = (source, arch, tuple(defines))
+def code_object(source, arch, defines=(), edits=None):
+    """Decoded code object of an instance (edits: a broken variant, build.variant())."""
+    key = (source, arch, tuple(defines), repr(sorted(edits.items())) if edits else None)
     if key not in _CO:
-        _CO[key] = codeobj.CodeObject(build.instance(source, arch, defines), arch)
+        path = build.variant(source, arch, edits) if edits else build.instance(source, arch, defines)
+        _CO[key] = codeobj.CodeObject(path, arch)
     return _CO[key]
 
 
@@ -176,8 +178,11 @@ class Case:
     def keep(self, b, h, lq, lk):
         return keep_mask(self.seed, self.offset, self.dropout_p, b * self.Hq + h, lq, lk)
 
-    def reference(self, grads=False):
-        """out, lse (Hq, rows) and, with grads, dq, dk, dv: float64."""
+    def reference(self, grads=False, probs=False):
+        """out, lse (Hq, rows) and, with grads, dq, dk, dv: float64.  probs: return only
+        the debug probabilities (B, Hq, Sq, Sk) instead: P, dropped entries negated, 0
+        outside each sequence."""
+        P_all = np.zeros((self.B, self.Hq, self.Sq, self.Sk))
         out = np.zeros(self.q.shape)
         lse = np.full((self.Hq, self.q.shape[0]), -np.inf)  # rows of no sequence keep -inf
         dq, dk, dv = np.zeros(self.q.shape), np.zeros(self.k.shape), np.zeros(self.v.shape)
@@ -209,6 +214,7 @@ class Case:
                 P = np.where(l > 0, e / np.where(l > 0, l, 1), 0)
                 with np.errstate(divide="ignore"):
                     lse[h, qs] = np.where(l[:, 0] > 0, np.log(np.where(l[:, 0] > 0, l[:, 0], 1)) + mxf[:, 0], -np.inf)
+                P_all[b, h, :lq, :lk] = np.where(self.keep(b, h, lq, lk), P, -P) if self.dropout_p > 0 else P
                 kp = self.keep(b, h, lq, lk) / (1 - self.dropout_p) if self.dropout_p > 0 else 1.0
                 Pd = P * kp
                 out[qs, h] = Pd @ V
@@ -222,6 +228,8 @@ class Case:
                         dS = dS * (1 - t * t)
                     dq[qs, h] = self.scale * dS @ K
                     dk[ks, hk] += self.scale * dS.T @ Q
+        if probs:
+            return P_all
         return (out, lse, dq, dk, dv) if grads else (out, lse)
 
     # ---------------------------------------------------------------- device side
@@ -266,7 +274,9 @@ class Run:
     def launch(self, source, kernel, grid, block, kernarg, defines=()):
         co = code_object(source, self.arch, defines)
         if self.patch is not None and source in self.patch:
-            co = co.patched(self.patch[source])
+            # a broken variant: a function editing instructions, or source edits for build.variant()
+            edit = self.patch[source]
+            co = code_object(source, self.arch, defines, edit) if isinstance(edit, dict) else co.patched(edit)
         m = emu.Machine(co, self.mem)
         name, _, kd = co.kernel(kernel)
         if not 0 <= kd.kernarg_size - len(kernarg) < 8:
@@ -292,7 +302,7 @@ def _upload(r, c, x, name):
     return r.mem.array(to_bits(x, c.dtype), name)
 
 
-def fwd(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
+def fwd(arch, c, order="sequential", patch=None, wg_order="forward", seed=0, probs=False):
     """The forward as dispatch.hip runs it for fp16/bf16: fwd_kernel (and, for varlen,
     zero_outside_kernel).  Returns (out, lse (Hq, rows), run)."""
     r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
@@ -302,8 +312,10 @@ def fwd(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
     po = mem.alloc(c.q.size * es, "out")
     plse = mem.alloc(c.Hq * c.q.shape[0] * 4, "lse")
     pr = c._problem(r)
+    pprobs = mem.alloc(c.B * c.Hq * c.Sq * c.Sk * es, "probs") if probs else 0
+    pt = Tensor(pprobs, c.Hq * c.Sq * c.Sk, c.Sk, c.Sq * c.Sk) if probs else Tensor(0, 0, 0, 0)
     p = FwdParams(C.sizeof(FwdParams), 2, pr, c.tensor(pq, c.Sq, c.Hq), c.tensor(pk, c.Sk, c.Hk),
-                  c.tensor(pv, c.Sk, c.Hk), c.tensor(po, c.Sq, c.Hq), plse, Tensor(0, 0, 0, 0))
+                  c.tensor(pv, c.Sk, c.Hk), c.tensor(po, c.Sq, c.Hq), plse, pt)
     hd = padded_head_dim(c.D)
     if c.dtype == "fp32":  # the vector-ALU path: one wave per row
         r.launch("dispatch", "rowwise_fwd_kernelIf", ((c.Sq + ROW_WAVES - 1) // ROW_WAVES, c.Hq, c.B), (256, 1, 1),
@@ -314,6 +326,12 @@ def fwd(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
         r.launch(src, "fwd_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B), (256, 1, 1), bytes(p))
     if c.varlen and c.q.shape[0] > 0:
         _zero_outside(r, c, c.tensor(po, c.Sq, c.Hq), plse, pr.cu_seqlens_q, c.q.shape[0], c.Hq)
+    if probs:
+        tq = ("N" if c.dtype != "fp32" else "") + _tname(c.dtype)
+        r.launch("dispatch", f"probs_kernelI{tq}", ((c.Sq + ROW_WAVES - 1) // ROW_WAVES, c.Hq, c.B), (256, 1, 1),
+                 bytes(p))
+        r.probs = from_bits(mem.read(pprobs, c.B * c.Hq * c.Sq * c.Sk * es, BITS[c.dtype]), c.dtype).reshape(
+            c.B, c.Hq, c.Sq, c.Sk)
     out = from_bits(mem.read(po, c.q.size * es, BITS[c.dtype]), c.dtype).reshape(c.q.shape)
     lse = c.lse_from_device(mem.read(plse, c.Hq * c.q.shape[0] * 4, np.float32))
     return out, lse, r
