@@ -42,7 +42,37 @@ void fwd(const fmha_fwd_params& p) {
   const fmha_problem& pr = p.problem;
   const int D = pr.head_dim;
   const int block = tile_rows();
-  const KeyRowsF32 keys(pr, p.k), values(pr, p.v);
+#if FMHA_CPU_X86_SECTIONS
+  // bf16 on AMX tiles where the CPU has them (amx.inc); K and V packed once per KV head.
+  const bool amx = pr.dtype == FMHA_DTYPE_BFLOAT16 && D % 32 == 0 && amx_bf16();
+  std::vector<avx512::AmxKeys> packed(amx ? (size_t)pr.batch * pr.num_heads_k : 0);
+  if (amx) {
+    // The packs live in a buffer kept by the calling thread from call to call: fresh pages
+    // for every call cost as much as the packing itself at S = 128.
+    static thread_local std::vector<uint32_t> scratch;
+    std::vector<size_t> offset(packed.size() + 1, 0);
+    for (size_t item = 0; item < packed.size(); ++item) {
+      const Sequence seq = Sequence::get(pr, (int32_t)(item / pr.num_heads_k));
+      offset[item + 1] = offset[item] + avx512::AmxKeys::words(seq.len_k, D);
+    }
+    if (scratch.size() < offset.back()) scratch.resize(offset.back());
+    parallel_for((int64_t)packed.size(), [&](int64_t item) {
+      const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
+      const Sequence seq = Sequence::get(pr, b);
+      const uint16_t* k = static_cast<const uint16_t*>(p.k.data);
+      const uint16_t* v = static_cast<const uint16_t*>(p.v.data);
+      packed[(size_t)item].pack(
+          seq.len_k, D, [&](int32_t j) { return k + seq.k_offset(p.k, j, hk); },
+          [&](int32_t j) { return v + seq.k_offset(p.v, j, hk); }, scratch.data() + offset[(size_t)item]);
+    });
+  }
+#else
+  const bool amx = false;
+#endif
+  // fp32 rows of K and V for the vector kernels and for the probability output.
+  const bool need_f32 = !amx || p.probs.data != nullptr;
+  const fmha_problem none{};
+  const KeyRowsF32 keys(need_f32 ? pr : none, p.k), values(need_f32 ? pr : none, p.v);
   const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
   const int64_t items = (int64_t)pr.batch * pr.num_heads_q * row_blocks;
   parallel_for(items, [&](int64_t item) {
@@ -56,15 +86,28 @@ void fwd(const fmha_fwd_params& p) {
     const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of this block inside the sequence
     float lse_rows[kMaxTileRows];
     if (i0 < ie) {
-      FMHA_CPU_ISA_CALL(
-          fwd_block, tile_head(hd), keys.rows(hd.seq, hd.hk), keys.stride(), values.rows(hd.seq, hd.hk),
-          values.stride(), 0, D, i0, ie - i0,
-          [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); },
-          [&](int r, const float* src, float lse) {
-            store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i0 + r, h), D, src);
-            if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
-            lse_rows[r] = lse;
-          });
+      auto load_q = [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); };
+      auto store_out = [&](int r, const float* src, float lse) {
+        store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i0 + r, h), D, src);
+        if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
+        lse_rows[r] = lse;
+      };
+#if FMHA_CPU_X86_SECTIONS
+      if (amx) {
+        avx512::fwd_block_amx(
+            tile_head(hd), packed[(size_t)b * pr.num_heads_k + hd.hk], D, i0, ie - i0,
+            [&](int r) { return static_cast<const uint16_t*>(p.q.data) + hd.seq.q_offset(p.q, i0 + r, h); },
+            [&](int r) { return static_cast<uint16_t*>(p.out.data) + hd.seq.q_offset(p.out, i0 + r, h); },
+            [&](int r, float lse) {
+              if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
+              lse_rows[r] = lse;
+            });
+      } else
+#endif
+      {
+        FMHA_CPU_ISA_CALL(fwd_block, tile_head(hd), keys.rows(hd.seq, hd.hk), keys.stride(),
+                          values.rows(hd.seq, hd.hk), values.stride(), 0, D, i0, ie - i0, load_q, store_out);
+      }
     }
     if (p.probs.data) {
       std::vector<float> q, row;

@@ -118,17 +118,43 @@ void decode(const fmha_decode_params& p) {
     // for bit.
     const TileHead th{geom, sp, slope, nullptr};
     const int block = tile_rows();
+#if FMHA_CPU_X86_SECTIONS
+    // bf16 caches on AMX tiles when the forward uses them (amx.inc), for the same rows.
+    // (Not with rotary: the rotated q is not a bf16 number, and the tiles would round it.)
+    const bool amx =
+        p.dtype == FMHA_DTYPE_BFLOAT16 && !quantized_cache(p) && p.rotary_dim == 0 && D % 32 == 0 && amx_bf16();
+    avx512::AmxKeys packed;
+    if (amx) {  // rows before k0 are never read: any row will do there
+      const uint16_t* kc = static_cast<const uint16_t*>(p.k_cache.data);
+      const uint16_t* vc = static_cast<const uint16_t*>(p.v_cache.data);
+      packed.pack(
+          k1, D, [&](int32_t j) { return kc + cv.offset(p.k_cache, leftpad + std::max(j, k0), hk); },
+          [&](int32_t j) { return vc + cv.offset(p.v_cache, leftpad + std::max(j, k0), hk); });
+    }
+#endif
     for (int32_t i0 = 0; i0 < p.seqlen_q; i0 += block) {
-      FMHA_CPU_ISA_CALL(
-          fwd_block, th, K.data(), D, V.data(), D, k0, D, i0, std::min(block, p.seqlen_q - i0),
-          [&](int r, float* dst) {
-            load_row(p.dtype, p.q.data, bshd(p.q, b, i0 + r, h), D, dst);
-            rotate(p, dst, filled + (per_row_positions ? i0 + r : 0));
-          },
-          [&](int r, const float* src, float lse) {
-            store_row(p.dtype, p.out.data, bshd(p.out, b, i0 + r, h), D, src);
-            if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
-          });
+      const int rows = std::min(block, p.seqlen_q - i0);
+      auto load_q = [&](int r, float* dst) {
+        load_row(p.dtype, p.q.data, bshd(p.q, b, i0 + r, h), D, dst);
+        rotate(p, dst, filled + (per_row_positions ? i0 + r : 0));
+      };
+      auto store_out = [&](int r, const float* src, float lse) {
+        store_row(p.dtype, p.out.data, bshd(p.out, b, i0 + r, h), D, src);
+        if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
+      };
+#if FMHA_CPU_X86_SECTIONS
+      if (amx) {
+        avx512::fwd_block_amx(
+            th, packed, D, i0, rows,
+            [&](int r) { return static_cast<const uint16_t*>(p.q.data) + bshd(p.q, b, i0 + r, h); },
+            [&](int r) { return static_cast<uint16_t*>(p.out.data) + bshd(p.out, b, i0 + r, h); },
+            [&](int r, float lse) {
+              if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
+            });
+        continue;
+      }
+#endif
+      FMHA_CPU_ISA_CALL(fwd_block, th, K.data(), D, V.data(), D, k0, D, i0, rows, load_q, store_out);
     }
   });
 }

@@ -22,7 +22,12 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define FMHA_CPU_X86_SECTIONS 1
+#include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define FMHA_CPU_X86_SECTIONS 0
 #endif
@@ -74,6 +79,28 @@ inline Isa isa() {
   return chosen;
 }
 
+// Whether the bf16 forward may use AMX tiles (avx512::fwd_block_amx): the AVX-512 section
+// is in use, the CPU has AMX-BF16 (and AVX512-BF16), and Linux granted this process the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM).  FMHA_CPU_AMX=0 turns it off.
+inline bool amx_bf16() {
+  static const bool ok = [] {
+#if FMHA_CPU_X86_SECTIONS && defined(__linux__)
+    if (isa() != Isa::kAvx512) return false;
+    if (const char* env = std::getenv("FMHA_CPU_AMX"))
+      if (std::strcmp(env, "0") == 0) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;  // AMX-BF16, AMX-TILE
+    if (!__builtin_cpu_supports("avx512bf16")) return false;     // P's conversion
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
 #define FMHA_CPU_LANES 4
 namespace generic {
 #include "simd.inc"
@@ -82,6 +109,10 @@ namespace generic {
 #undef FMHA_CPU_LANES
 
 #if FMHA_CPU_X86_SECTIONS
+// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized on their own undefined
+// pass-through operands (_mm512_cvtepi32_epi16, _mm512_reduce_*): not ours to fix.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 #define FMHA_CPU_LANES 8
@@ -93,14 +124,16 @@ namespace avx2 {
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,avx512bf16,amx-tile,amx-bf16")
 #define FMHA_CPU_LANES 16
 namespace avx512 {
 #include "simd.inc"
 #include "tiles.inc"
+#include "amx.inc"
 }  // namespace avx512
 #undef FMHA_CPU_LANES
 #pragma GCC pop_options
+#pragma GCC diagnostic pop
 
 // Calls the chosen section's fn(args...).
 #define FMHA_CPU_ISA_CALL(fn, ...)                                      \
