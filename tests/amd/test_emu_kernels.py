@@ -208,6 +208,8 @@ DECODE_CASES = {
                                         cache_seqlens=[37, 20], seqlen_new=2, rotary_dim=8, window=(-1, 0)), True),
     "fp32_rowwise_paged_fp8": (dict(dtype="fp32", cache="fp8", B=2, Sq=1, Hq=2, Hk=1, D=40, cache_seqlens=[40, 70],
                                     page_size=16, scaling="token", seqlen_new=1), False),
+    "fp32_rowwise_int8_append": (dict(dtype="fp32", cache="int8", B=1, Sq=2, Hq=2, Hk=1, D=32, cache_seqlens=[21],
+                                      scaling="token", seqlen_new=2, window=(-1, 0)), True),
     "append_int8_head_scale": (dict(dtype="bf16", cache="int8", B=1, Sq=3, Hq=2, Hk=2, D=64, cache_seqlens=[50],
                                     scaling="head", seqlen_new=3, num_splits=2), False),
     "d256_plain_window": (dict(dtype="fp16", cache="plain", B=1, Sq=4, Hq=8, Hk=2, D=256, cache_seqlens=[45],

@@ -17,7 +17,6 @@ Waves of a workgroup run in a chosen order (`order`): sequential to each barrier
 one instruction each in turn, or randomly interleaved.
 """
 
-import math
 import random
 import re
 
@@ -306,10 +305,6 @@ def _perm(s0, s1, sel):
         byte = np.where(c >= 13, 0xFF, byte)
         out |= byte.astype(np.uint32) << np.uint32(8 * b)
     return out
-
-
-def _sh(x, n, bits=32):
-    return np.asarray(n, np.uint32) & np.uint32(bits - 1)
 
 
 U32 = np.uint32
@@ -851,8 +846,6 @@ class Compiler:
             cmp = CMP[cond]
             a = vsrc(ops[1], kind, sels[0])
             b = vsrc(ops[2], kind, sels[1])
-            if sdwa and bits == 16:  # SDWA 16-bit compares: the selected field is the operand
-                pass
             dst = ops[0]
             wr = sreg_write(dst, 64)
 
@@ -1329,8 +1322,7 @@ class Compiler:
         def f(w):
             lanes = np.nonzero(w.exec_mask())[0]
             if len(lanes) == 0:
-                if op != "store" or True:
-                    w.issue("vm", dst.regs() if returns else ())
+                w.issue("vm", dst.regs() if returns else ())
                 return
             addr = addresses(w, lanes)
             if op == "load":
@@ -1505,7 +1497,6 @@ class Machine:
         self.partial_buffer_accesses = 0
         self.atomics = 0
         self.instructions = 0
-        self.mfmas = 0
         self.coverage = set()  # addresses of the instructions executed
 
     def _fn(self, pc):

@@ -16,7 +16,7 @@ from . import build, codeobj, emu, memory
 DTYPE = {"fp32": 0, "fp16": 1, "bf16": 2}
 ESIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 BITS = {"fp32": np.uint32, "fp16": np.uint16, "bf16": np.uint16}
-ROW_WAVES = 4  # rowwise.h kRowWaves (checked against the code in tests: grid sizes)
+ROW_WAVES = 4  # csrc/hip_fmha/rowwise.h kRowWaves (and decode_rowwise.h kCombineWaves)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
