@@ -306,3 +306,53 @@ def test_every_decode_instance(arch, dtype, cache, hd):
     ro, rl = c.reference(*run.cache)
     close("out", out, ro, c.dtype)
     np.testing.assert_allclose(lse, rl, atol=1e-4, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------ against the CPU backend
+
+from amdemu import cpu_backend  # noqa: E402
+
+_LIB = cpu_backend.find_library()
+requires_libfmha = pytest.mark.skipif(_LIB is None, reason="no libfmha built (.ci/run builds build-ctest/, "
+                                                           ".ci/amd_emu.sh build-amdemu/; or set FMHA_LIBFMHA)")
+
+
+@pytest.fixture(scope="module")
+def cpu_lib():
+    return cpu_backend.Lib(_LIB)
+
+
+@requires_libfmha
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["causal_masked_rows_gqa", "dropout", "varlen_seqused", "fp32_rowwise_features"] +
+                         (["softcap_alibi", "window_top_left", "d128_fp16", "d256_dropout_softcap"] if FULL else []))
+def test_matches_cpu_backend(arch, name, cpu_lib):
+    """The emulated HIP kernels against fmha's CPU backend (libfmha through its C API) on the
+    same inputs, at the dtype's tolerance: forward, then the backward from the same out and
+    LSE."""
+    c = case(name)
+    tol = TOL[c.dtype]
+    cpu_out, cpu_lse = cpu_backend.fwd(cpu_lib, c)
+    out, lse, _ = L.fwd(arch, c)
+    close("out", out, cpu_out, c.dtype)
+    assert (np.isneginf(lse) == np.isneginf(cpu_lse)).all()
+    fin = np.isfinite(cpu_lse)
+    np.testing.assert_allclose(lse[fin], cpu_lse[fin], atol=tol, rtol=0)
+    ro, rl = c.reference()
+    cpu_grads = cpu_backend.bwd(cpu_lib, c, ro, rl)
+    grads = L.bwd(arch, c, deterministic=name == "varlen_seqused")[:3]
+    for n, g, w in zip(("dq", "dk", "dv"), grads, cpu_grads):
+        close(n, g, w, c.dtype)
+
+
+@requires_libfmha
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["paged_fp8_token_splits", "append_rotary_causal", "int8_leftpad_softcap_alibi",
+                                  "fp32_rowwise_int8_append"] + (["append_paged_fp8_interleaved", "d256_plain_window"]
+                                                                if FULL else []))
+def test_decode_matches_cpu_backend(arch, name, cpu_lib):
+    c = L.DecodeCase(**DECODE_CASES[name][0])
+    cpu_out, cpu_lse = cpu_backend.decode(cpu_lib, c)
+    out, lse, _ = L.decode(arch, c)
+    close("out", out, cpu_out, c.dtype)
+    np.testing.assert_allclose(lse, cpu_lse, atol=TOL[c.dtype], rtol=0)
