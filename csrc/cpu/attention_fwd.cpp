@@ -56,6 +56,7 @@ void fwd(const fmha_fwd_params& p) {
       offset[item + 1] = offset[item] + avx512::AmxKeys::words(seq.len_k, D);
     }
     if (scratch.size() < offset.back()) scratch.resize(offset.back());
+    uint32_t* mem = scratch.data();  // (scratch itself names each worker's own, empty, buffer)
     parallel_for((int64_t)packed.size(), [&](int64_t item) {
       const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
       const Sequence seq = Sequence::get(pr, b);
@@ -63,7 +64,7 @@ void fwd(const fmha_fwd_params& p) {
       const uint16_t* v = static_cast<const uint16_t*>(p.v.data);
       packed[(size_t)item].pack(
           seq.len_k, D, [&](int32_t j) { return k + seq.k_offset(p.k, j, hk); },
-          [&](int32_t j) { return v + seq.k_offset(p.v, j, hk); }, scratch.data() + offset[(size_t)item]);
+          [&](int32_t j) { return v + seq.k_offset(p.v, j, hk); }, mem + offset[(size_t)item]);
     });
   }
 #else
