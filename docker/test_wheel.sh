@@ -9,13 +9,16 @@
 #
 # TORCH: a pip requirement ("torch==2.4.1"), or "system" for the torch of $PYTHON's own
 # environment (a --system-site-packages environment: the ROCm build of torch that AMD's
-# images carry).  DIR: where the environment and the consumer's build go (recreated).
+# images carry); more requirements for that environment may follow, comma-separated
+# ("torch==2.4.1,transformers<5": transformers 5 needs torch 2.6).  DIR: where the environment and the consumer's build go (recreated).
 # Environment: PYTHON (default python3), FMHA_TORCH_INDEX_URL (an extra index for torch),
 # FMHA_TEST_ARGS (pytest's arguments, default: tests), FMHA_EXPECT_BACKEND (a backend the
 # wheel must have besides cpu: cuda, hip, or empty for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheel=$1 dir=$2 torch_req=$3
+wheel=$1 dir=$2
+IFS=, read -r -a reqs <<< "$3"
+torch_req=${reqs[0]}
 py=${PYTHON:-python3}
 read -r -a test_args <<< "${FMHA_TEST_ARGS:-tests}"
 index_args=()
@@ -25,11 +28,12 @@ t0=$(date +%s)
 rm -rf "$dir"
 if [ "$torch_req" = system ]; then
   "$py" -m venv --system-site-packages "$dir/venv"
+  reqs=("${reqs[@]:1}")
 else
   "$py" -m venv "$dir/venv"
-  "$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "$torch_req"
 fi
-"$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "$wheel[test]"
+[ "${#reqs[@]}" -eq 0 ] || "$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "${reqs[@]}"
+"$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "$wheel[test]" "${reqs[@]}"
 # What is tested is the wheel in this environment, not python/ of the checkout.
 "$dir/venv/bin/python" - "${FMHA_EXPECT_BACKEND:-}" <<'PY'
 import sys, torch, fmha
@@ -48,4 +52,4 @@ cmake -S examples/cpp_consumer -B "$dir/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Re
       -DCMAKE_PREFIX_PATH="$prefix" > /dev/null
 cmake --build "$dir/consumer" > /dev/null
 "$dir/consumer/cpp_consumer"
-echo "test_wheel: $torch_req: environment $(( t1 - t0 )) s, tests $(( t2 - t1 )) s, C++ consumer $(( $(date +%s) - t2 )) s"
+echo "test_wheel: $3: environment $(( t1 - t0 )) s, tests $(( t2 - t1 )) s, C++ consumer $(( $(date +%s) - t2 )) s"

@@ -231,3 +231,16 @@ def dropout_keep_mask_varlen(seed, offset, dropout_p, num_heads, seqlens_q, seql
             out[b, :, :sq, :sk] = dropout_keep_mask(seed, offset, dropout_p, num_heads, sq, sk,
                                                     batch_index=b)[0]
     return out
+
+
+def torch_sdpa(q, k, v, enable_gqa=False, **kw):
+    """torch's scaled_dot_product_attention with `enable_gqa` on every torch fmha supports:
+    torch < 2.5 has no such argument, so there K and V heads are repeated to the query's."""
+    import torch.nn.functional as F
+    if enable_gqa:
+        try:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+        except TypeError:  # torch 2.4
+            rep = q.shape[-3] // k.shape[-3]
+            k, v = (t.repeat_interleave(rep, dim=-3) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, **kw)

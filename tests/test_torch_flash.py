@@ -74,7 +74,8 @@ def _varlen_case(device):
     """Packed sequences (one empty) for torch.nn.attention.varlen.varlen_attn, causal, with
     GQA where this torch's varlen_attn has enable_gqa (2.13; 2.11 has is_causal and neither
     window_size nor enable_gqa)."""
-    from torch.nn.attention.varlen import varlen_attn
+    varlen = pytest.importorskip("torch.nn.attention.varlen", reason="this torch has no varlen_attn (2.11+)")
+    varlen_attn = varlen.varlen_attn
     params = inspect.signature(varlen_attn).parameters
     kw = dict(window_size=(-1, 0)) if "window_size" in params else dict(is_causal=True)
     hk = 4

@@ -3,8 +3,6 @@ caches, in-place append, rotary, GQA, windows, softcap, ALiBi), 8-bit caches (fp
 int8) with per-head or per-token scales, and merge_attentions for combining partial
 results by their log-sum-exp."""
 
-from __future__ import annotations
-
 from typing import Optional, Sequence, Tuple, Union
 
 import torch

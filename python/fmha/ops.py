@@ -6,8 +6,6 @@ Both fill a libfmha params struct (fmha/fmha.h) from the tensors and call the ba
 the tensors' device.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import functools
