@@ -33,7 +33,7 @@ else
   "$py" -m venv "$dir/venv"
 fi
 [ "${#reqs[@]}" -eq 0 ] || "$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "${reqs[@]}"
-"$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "$wheel[test]" "${reqs[@]}"
+"$dir/venv/bin/python" -m pip install --quiet "${index_args[@]}" "${wheel}[test]" "${reqs[@]}"
 # What is tested is the wheel in this environment, not python/ of the checkout.
 "$dir/venv/bin/python" - "${FMHA_EXPECT_BACKEND:-}" <<'PY'
 import sys, torch, fmha
