@@ -26,8 +26,8 @@ namespace {
 
 // Persistent workers: a call hands out its items through an atomic counter to the calling
 // thread and up to num_threads() - 1 workers, which wait between calls (spinning briefly,
-// then on a condition variable).  Starting threads for every call cost ~30-60 us a call,
-// as much as a small attention forward itself on two cores.
+// then on a condition variable), instead of starting threads for every call (the backward
+// makes three calls).
 class Pool {
  public:
   // Never destroyed: workers may outlive static destructors.  A forked child has none of
@@ -80,7 +80,7 @@ class Pool {
     for (;;) {
       uint64_t gen = 0;
       int active = 0;
-      for (int spin = 0; spin < 2000; ++spin) {  // some 100 us before sleeping
+      for (int spin = 0; spin < 2000; ++spin) {  // a short spin before sleeping
         gen = generation_.load(std::memory_order_acquire);
         if (gen != seen) break;
 #if defined(__x86_64__) || defined(__i386__)
