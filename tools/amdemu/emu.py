@@ -253,6 +253,13 @@ def _f32(x):
     return np.asarray(x, np.float32)
 
 
+def _mac(fused, a, b, c):
+    """a * b + c per lane: fused (one rounding, from float64) or the product rounded first."""
+    if fused:
+        return (np.float64(1) * a * b + c).astype(np.float32)
+    return _f32(a * b) + c
+
+
 def _sat_cvt(x, lo, hi, dt):
     x = np.asarray(x, np.float64)
     r = np.where(np.isnan(x), 0, np.clip(np.trunc(x), lo, hi))
@@ -965,11 +972,7 @@ class Compiler:
             fused = name == "v_fmac_f32"
 
             def f(w):
-                if fused:
-                    r = (np.float64(1) * a(w) * b(w) + c(w)).astype(np.float32)
-                else:
-                    r = _f32(a(w) * b(w)) + c(w)
-                wr(w, r, w.exec_mask())
+                wr(w, _mac(fused, a(w), b(w), c(w)), w.exec_mask())
             return f, ops[:1], ops
         if name in ("v_fmaak_f32", "v_fmamk_f32", "v_madmk_f32", "v_madak_f32"):
             # printed in evaluation order: fmamk "D, S0, K, S1" (S0 * K + S1), fmaak "D, S0, S1, K"
@@ -978,11 +981,7 @@ class Compiler:
             fused = name.startswith("v_fma")
 
             def f(w):
-                if fused:
-                    r = (np.float64(1) * a(w) * b(w) + c(w)).astype(np.float32)
-                else:
-                    r = _f32(a(w) * b(w)) + c(w)
-                wr(w, r, w.exec_mask())
+                wr(w, _mac(fused, a(w), b(w), c(w)), w.exec_mask())
             return f, ops[:1], ops[1:]
 
         if name in ("v_pk_fma_f32", "v_pk_mul_f32", "v_pk_add_f32", "v_pk_mov_b32"):

@@ -113,6 +113,18 @@ def _tensor(addr, shape_bshd):
 
 
 
+def visible(lq, lk, off, left, right):
+    """(lq, lk) mask of the keys query i sees: j in [i + off - left, i + off + right], a
+    negative bound unbounded (docs/api.md's window with the alignment offset off)."""
+    i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+    vis = np.ones((lq, lk), bool)
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    return vis
+
+
 def keep_mask(seed, offset, dropout_p, bh, lq, lk):
     """Dropout keep mask (lq, lk) of sequence-local (i, j) for bh = b * Hq + h: the
     Philox4x32-10 function of csrc/common/dropout.h, written again in numpy."""
@@ -192,12 +204,8 @@ class Case:
             lk = lk_rows if self.seqused_k is None else min(self.seqused_k[b], lk_rows)
             qs, ks = slice(self.q0[b], self.q0[b] + lq), slice(self.k0[b], self.k0[b] + lk)
             off = 0 if self.top_left else lk - lq
-            i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
-            vis = np.ones((lq, lk), bool)
-            if left >= 0:
-                vis &= j >= i + off - left
-            if right >= 0:
-                vis &= j <= i + off + right
+            i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]  # ALiBi's distance
+            vis = visible(lq, lk, off, left, right)
             for h in range(self.Hq):
                 hk = h // g
                 Q, K, V = self.q[qs, h], self.k[ks, hk], self.v[ks, hk]
@@ -556,13 +564,9 @@ class DecodeCase:
             pos = lp + np.arange(lk)
             o, r = zip(*(self._pos(b, p) for p in pos)) if lk else ((), ())
             o, r = np.array(o, int), np.array(r, int)
-            i, j = np.arange(self.Sq)[:, None], np.arange(lk)[None, :]
             off = lk - self.Sq
-            vis = np.ones((self.Sq, lk), bool)
-            if left >= 0:
-                vis &= j >= i + off - left
-            if right >= 0:
-                vis &= j <= i + off + right
+            i, j = np.arange(self.Sq)[:, None], np.arange(lk)[None, :]  # ALiBi's distance
+            vis = visible(self.Sq, lk, off, left, right)
             for h in range(self.Hq):
                 hk = h // g
                 K, V = kval[o, r, hk], vval[o, r, hk]
