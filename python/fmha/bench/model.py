@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 from typing import Callable, Optional
 
 import torch
 
 from . import timing
+from .peers import _fa2_func
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +69,8 @@ def impls(device: torch.device) -> list[Impl]:
         if hasattr(SDPBackend, "CUDNN_ATTENTION"):
             out.append(Impl("sdpa-cudnn", "sdpa", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)))
         out.append(Impl("sdpa-flash", "sdpa", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)))
-        if importlib.util.find_spec("flash_attn") is not None:
-            try:
-                from flash_attn import flash_attn_func  # noqa: F401 - flash-attn 2, not FA4's namespace
-                out.append(Impl("flash_attention_2", "flash_attention_2", contextlib.nullcontext))
-            except ImportError:
-                pass
+        if _fa2_func() is not None:
+            out.append(Impl("flash_attention_2", "flash_attention_2", contextlib.nullcontext))
     else:
         out.append(Impl("sdpa", "sdpa", contextlib.nullcontext))
     return out
