@@ -86,3 +86,21 @@ def test_model_suite_cpu(tmp_path, capsys):
     (row,) = [r for r in payload["results"] if r["suite"] == "model"]
     assert set(row["ms"]) == {"fmha", "sdpa"} and row["loss_gap"] < 1e-4
     assert "End to end: one training step" in (out / "results.md").read_text()
+
+
+def test_context_parallel_suite_cpu(tmp_path, capsys):
+    # The context-parallel suite on the CPU: the ring simulated on one device (labelled so),
+    # its output checked against fmha's single call before any time, a table in results.md.
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--quick", "--suites", "context_parallel", "--budget", "0.01",
+                     "--out", str(out)])
+    assert rc == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = [r for r in payload["results"] if r["suite"] == "context_parallel"]
+    assert {r["mode"] for r in rows} == {"fwd", "fwd_bwd"}
+    for r in rows:
+        assert r["simulated"] and r["world"] == 2 and r["rel_err"] < 1e-4
+        assert all(r["ms"][k] > 0 for k in ("ring", "compute", "comm", "single")) and r["efficiency"] > 0
+    md = (out / "results.md").read_text()
+    assert "Context parallel" in md and "simulated on one device" in md
+    assert "simulated on one device" in capsys.readouterr().out

@@ -21,7 +21,7 @@ import torch
 
 import fmha
 
-from . import decode, memory, model, report, timing
+from . import context_parallel, decode, memory, model, report, timing
 from .peers import Case, peers
 
 _OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryError since 2.5
@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", default=None, help="comma-separated subset of peers to run")
     ap.add_argument("--suites", default="training,decode,memory",
                     help="comma-separated: training, decode, memory, model (one training step of a Llama-shaped "
-                         "transformers model, attention by fmha and by transformers' others; needs transformers)")
+                         "transformers model, attention by fmha and by transformers' others; needs transformers), "
+                         "context_parallel (zigzag ring attention over the visible GPUs, simulated on one)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
@@ -261,6 +262,15 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
+    if "context_parallel" in suites:
+        tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+        for row in context_parallel.run(device, args.quick, dtype, modes, budget):
+            if not row["rel_err"] < tol:
+                print(f"context_parallel, {row['case']}: the ring's output differs from fmha's by {row['rel_err']:.2e}; "
+                      f"no timings printed", file=sys.stderr)
+                return 1
+            results.append(row)
+
     note = _ceiling_note(meta, results)
     if note:
         meta["notes"].append(note)
@@ -272,13 +282,14 @@ def main(argv=None) -> int:
         os.remove(partial)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(payload, f, indent=1)
-    table = report.markdown(payload)
+    table = report.markdown(payload) + context_parallel.markdown(payload)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
     print(report.terminal(payload))
     print(report.decode_terminal(payload))
     print(report.memory_terminal(payload))
     print(report.model_terminal(payload))
+    print(context_parallel.terminal(payload))
     written = ["results.json", "results.md"]
     try:
         from . import plots

@@ -174,8 +174,10 @@ def _unpack(buf: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
     return buf[:nk].view(k.shape), buf[nk:].view(v.shape)
 
 
-def ring_forward(q, k, v, geom, scale, softcap, group) -> Tuple[Tensor, Tensor]:
-    comm = RingComm(group, q.device)
+def ring_forward(q, k, v, geom, scale, softcap, group, comm=None) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of the local rows.  `comm`: the transport (RingComm on `group` unless given;
+    the benchmark passes simulated ones)."""
+    comm = comm if comm is not None else RingComm(group, q.device)
     world, rank, rd = comm.world, comm.rank, geom.row_dim
     acc_out = acc_lse = None
     kv = _pack(k, v) if world > 1 else None
@@ -201,8 +203,8 @@ def ring_forward(q, k, v, geom, scale, softcap, group) -> Tuple[Tensor, Tensor]:
     return acc_out.to(q.dtype), acc_lse
 
 
-def ring_backward(dout, dlse, q, k, v, out, lse, geom, scale, softcap, deterministic, group):
-    comm = RingComm(group, q.device)
+def ring_backward(dout, dlse, q, k, v, out, lse, geom, scale, softcap, deterministic, group, comm=None):
+    comm = comm if comm is not None else RingComm(group, q.device)
     world, rank, rd = comm.world, comm.rank, geom.row_dim
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     nk = k.numel()
