@@ -3,7 +3,8 @@
 * `attention_ref` / `attention_ref_grads`: attention written with plain torch ops in float64,
   straight from the semantics of docs/api.md, one sequence at a time so every feature
   (varlen, seqused_k, GQA, both mask alignments, windows, softcap, ALiBi, dropout with a
-  given keep-mask, empty rows) is a few obvious lines.  Gradients come from torch autograd.
+  given keep-mask, empty rows, attention sinks as an extra score column, a V head dim of
+  its own) is a few obvious lines.  Gradients come from torch autograd.
 * `philox4x32_10` / `dropout_keep_mask`: Philox4x32-10 and the element mapping of
   docs/dropout.md in numpy uint64 arithmetic, vectorized over all elements.
 
@@ -34,13 +35,16 @@ def visible_mask(sq, sk, left=-1, right=-1, top_left=False, device="cpu"):
     return vis
 
 
-def _attend_one(q, k, v, scale, softcap, left, right, top_left, slopes, keep, dropout_p):
-    """One sequence.  q (Sq, Hq, D), k/v (Sk, Hk, D) float64; slopes (Hq,) or None;
-    keep (Hq, Sq, Sk) bool or None.  Returns out (Sq, Hq, D), lse (Hq, Sq)."""
+def _attend_one(q, k, v, scale, softcap, left, right, top_left, slopes, keep, dropout_p, sink=None):
+    """One sequence.  q (Sq, Hq, D), k/v (Sk, Hk, D) float64 (v may have its own D); slopes
+    (Hq,) or None; keep (Hq, Sq, Sk) bool or None; sink (Hq,) or None: a logit per head
+    appended to every row's scores as one more column that carries no value.  Returns out
+    (Sq, Hq, Dv), lse (Hq, Sq)."""
     sq, hq, d = q.shape
     sk, hk = k.shape[0], k.shape[1]
-    if sk == 0:  # nothing to attend to: zero output, LSE -inf, no dependence on q
-        return q.new_zeros(sq, hq, v.shape[-1]), q.new_full((hq, sq), -math.inf)
+    if sk == 0:  # nothing to attend to: zero output, LSE -inf (or the sink's), no dependence on q
+        lse = q.new_full((hq, sq), -math.inf) if sink is None else sink[:, None].expand(hq, sq)
+        return q.new_zeros(sq, hq, v.shape[-1]), lse
     # Query head h reads key/value head h // (Hq // Hk).
     k = k.repeat_interleave(hq // hk, dim=1)
     v = v.repeat_interleave(hq // hk, dim=1)
@@ -54,6 +58,8 @@ def _attend_one(q, k, v, scale, softcap, left, right, top_left, slopes, keep, dr
         s = s - slopes[:, None, None] * (i + off - j).abs()
     vis = visible_mask(sq, sk, left, right, top_left, q.device)
     s = s.masked_fill(~vis, -math.inf)
+    if sink is not None:  # the sink column: in the denominator, not in P.V
+        s = torch.cat([s, sink[:, None, None].expand(hq, sq, 1)], dim=-1)
     # A max of -inf means the row sees nothing; shift by 0 there so exp gives exact zeros
     # (and finite gradients) instead of NaN.  The shift is detached: softmax does not
     # depend on it.
@@ -64,6 +70,7 @@ def _attend_one(q, k, v, scale, softcap, left, right, top_left, slopes, keep, dr
     seen = row_sum > 0
     p = e / torch.where(seen, row_sum, torch.ones_like(row_sum))
     lse = torch.where(seen, torch.log(row_sum) + m, torch.full_like(row_sum, -math.inf)).squeeze(-1)
+    p = p[..., :sk]
     if keep is not None:
         p = p * keep.to(p.dtype) / (1.0 - dropout_p)
     out = torch.einsum("hij,jhd->ihd", p, v)
@@ -72,8 +79,10 @@ def _attend_one(q, k, v, scale, softcap, left, right, top_left, slopes, keep, dr
 
 def attention_ref(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                   softmax_scale=None, causal=False, window_size=(-1, -1), top_left=False,
-                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, keep_mask=None):
+                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, keep_mask=None, s_aux=None):
     """Reference forward in float64.  Keywords follow flash_attn_func, plus top_left.
+    s_aux (Hq,): attention sinks (an extra score column per row, no value); rows that see
+    no key then get out 0 and lse s_aux[h], varlen rows outside every sequence too.
 
     Fixed length: q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); returns out like q and lse
     (B, Hq, Sq).  Varlen (cu_seqlens given): q (total_q, Hq, D), returns lse (Hq, total_q);
@@ -88,6 +97,7 @@ def attention_ref(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=No
     if causal:
         right = 0  # flash_attn: causal means the right window is 0
     slopes = None if alibi_slopes is None else alibi_slopes.double()
+    sink = None if s_aux is None else s_aux.double()
 
     def slopes_of(b):
         if slopes is None:
@@ -98,7 +108,7 @@ def attention_ref(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=No
         return None if keep_mask is None else keep_mask[b, :, :sq, :sk].to(q.device)
 
     opts = dict(scale=scale, softcap=softcap, left=left, right=right, top_left=top_left,
-                dropout_p=dropout_p)
+                dropout_p=dropout_p, sink=sink)
     if cu_seqlens_q is None:
         if q.shape[0] == 0:  # no sequences at all
             return q.new_zeros(q.shape[:-1] + v.shape[-1:]), q.new_zeros(0, q.shape[2], q.shape[1])
@@ -115,8 +125,11 @@ def attention_ref(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=No
     ck = [int(x) for x in cu_seqlens_k]
     total_q, hq = q.shape[0], q.shape[1]
     # Pieces of out / lse in row order, so rows outside every sequence are zeros / -inf.
+    def no_rows_lse(n):
+        return q.new_full((hq, n), -math.inf) if sink is None else sink[:, None].expand(hq, n)
+
     out_parts = [q.new_zeros(cq[0], hq, v.shape[-1])]
-    lse_parts = [q.new_full((hq, cq[0]), -math.inf)]
+    lse_parts = [no_rows_lse(cq[0])]
     for b in range(len(cq) - 1):
         sk = ck[b + 1] - ck[b] if seqused_k is None else int(seqused_k[b])
         sq = cq[b + 1] - cq[b]
@@ -125,7 +138,7 @@ def attention_ref(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=No
         out_parts.append(o)
         lse_parts.append(lse)
     out_parts.append(q.new_zeros(total_q - cq[-1], hq, v.shape[-1]))
-    lse_parts.append(q.new_full((hq, total_q - cq[-1]), -math.inf))
+    lse_parts.append(no_rows_lse(total_q - cq[-1]))
     return torch.cat(out_parts), torch.cat(lse_parts, dim=1)
 
 

@@ -22,22 +22,24 @@ FA_KEYWORDS = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
                ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
                ("deterministic", False), ("return_attn_probs", False)]
 REQUIRED = inspect.Parameter.empty
+SINKS = [("s_aux", None), ("learnable_sink", None)]
 
 # name -> (positional-or-keyword parameters with defaults, keyword-only parameters)
 SIGNATURES = {
-    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS, [("out", None)]),
-    "flash_attn_qkvpacked_func": ([("qkv", REQUIRED)] + FA_KEYWORDS, []),
-    "flash_attn_kvpacked_func": ([("q", REQUIRED), ("kv", REQUIRED)] + FA_KEYWORDS, []),
+    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS, [("out", None)] + SINKS),
+    "flash_attn_qkvpacked_func": ([("qkv", REQUIRED)] + FA_KEYWORDS, SINKS),
+    "flash_attn_kvpacked_func": ([("q", REQUIRED), ("kv", REQUIRED)] + FA_KEYWORDS, SINKS),
     "flash_attn_varlen_func": (
         [(n, REQUIRED) for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                                  "max_seqlen_k")] + FA_KEYWORDS + [("block_table", None)],
         [("seqused_k", None), ("out", None), ("return_softmax_lse", False), ("num_splits", 0),
-         ("q_descale", None), ("k_descale", None), ("v_descale", None)]),
+         ("q_descale", None), ("k_descale", None), ("v_descale", None)] + SINKS
+        + [("fa_version", None), ("scheduler_metadata", None)]),
     "flash_attn_varlen_qkvpacked_func": (
-        [(n, REQUIRED) for n in ("qkv", "cu_seqlens", "max_seqlen")] + FA_KEYWORDS, []),
+        [(n, REQUIRED) for n in ("qkv", "cu_seqlens", "max_seqlen")] + FA_KEYWORDS, SINKS),
     "flash_attn_varlen_kvpacked_func": (
         [(n, REQUIRED) for n in ("q", "kv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
-                                 "max_seqlen_k")] + FA_KEYWORDS, []),
+                                 "max_seqlen_k")] + FA_KEYWORDS, SINKS),
     # torch.nn.functional.scaled_dot_product_attention's signature.
     "scaled_dot_product_attention": (
         [("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED), ("attn_mask", None),

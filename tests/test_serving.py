@@ -2,8 +2,9 @@
 flash_attn_varlen_func and flash_attn_with_kvcache (written in place, nothing allocated for
 the output, autograd through it), any head dim 1-256 at any stride (padded or copied where
 the GPU kernels need 16-byte rows, gradients included), and FlashAttention-3's names
-(return_softmax_lse and num_splits on varlen, k/v_descale for 8-bit caches, q_descale and
-fp8 inputs refused).  Fresh random inputs, float64 references (tests/reference.py), NaN-filled
+(return_softmax_lse and num_splits on varlen, k/v_descale for 8-bit caches, q_descale of
+the cache function and fp8 inputs refused, the descales of 16-bit varlen inputs accepted
+without effect, as in FA3).  Fresh random inputs, float64 references (tests/reference.py), NaN-filled
 outputs; CPU always, CUDA where present (conftest's `device`)."""
 
 import math
@@ -572,12 +573,25 @@ def test_out_device_mismatch(device):
         fmha.flash_attn_func(q, k, v, out=torch.empty(q.shape, dtype=q.dtype, device=other))
 
 
+def test_varlen_descales_of_16bit_inputs(device):
+    # FA3 reads q/k/v_descale only for fp8 inputs; vLLM passes them on every call (ones
+    # expanded to (batch, nheads_k) for 16-bit caches).  Checked, and without effect.
+    q, k, v, cu_q, cu_k = _varlen_inputs(device)
+    want = fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, causal=True)
+    for scale in (torch.ones((), device=device), torch.full((1,), 3.0, device=device),
+                  torch.ones((), device=device).expand(3, 2), torch.rand(3, 2, device=device)):
+        got = fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, causal=True, q_descale=scale,
+                                          k_descale=scale, v_descale=scale)
+        assert torch.equal(got, want)
+
+
 def test_varlen_fa3_keyword_errors(device):
     q, k, v, cu_q, cu_k = _varlen_inputs(device)
-    one = torch.ones((), dtype=torch.float32, device=device)
     for name in ("q_descale", "k_descale", "v_descale"):
-        with pytest.raises(ValueError, match=f"{name} is not supported by flash_attn_varlen_func"):
-            fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, **{name: one})
+        with pytest.raises(TypeError, match=f"{name} must be torch.float32"):
+            fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, **{name: torch.ones((), device=device).half()})
+        with pytest.raises(ValueError, match=rf"{name} must be a scalar or have shape \(3, 2\)"):
+            fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, **{name: torch.ones(3, 4, device=device)})
     with pytest.raises(ValueError, match="return_softmax_lse and return_attn_probs"):
         fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 22, 40, return_softmax_lse=True, return_attn_probs=True)
     with pytest.raises(TypeError, match="return_softmax_lse"):

@@ -279,6 +279,29 @@ def out_tensor(out, shape, q: torch.Tensor, inputs) -> torch.Tensor:
     return out
 
 
+def sink(s_aux, learnable_sink, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """The attention-sink logits, given as s_aux (vLLM, FlashAttention-3 forks) or
+    learnable_sink (FlashAttention-4): one per query head, shape (nheads,), float32 or q's
+    dtype, on q's device.  Their values are checked (finite) where reading them costs no
+    device synchronization: on the CPU, outside tracing."""
+    if s_aux is not None and learnable_sink is not None:
+        raise ValueError("give the sink logits once: s_aux or learnable_sink, not both")
+    name, x = ("s_aux", s_aux) if learnable_sink is None else ("learnable_sink", learnable_sink)
+    if x is None:
+        return None
+    _tensor(x, name)
+    heads_q = q.shape[-2] if q.dim() >= 2 else 0
+    if x.dtype not in (torch.float32, q.dtype):
+        raise TypeError(f"{name} must be torch.float32 or q's dtype {q.dtype}, got {x.dtype}")
+    if tuple(x.shape) != (heads_q,):
+        raise ValueError(f"{name} must have shape ({heads_q},) (one logit per query head), got {tuple(x.shape)}")
+    _same_device(x, name, q)
+    if (x.device.type == "cpu" and type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and not bool(torch.isfinite(x.detach()).all())):
+        raise ValueError(f"{name} must be finite, got {x.detach().tolist()}")
+    return x
+
+
 def descale(x, name: str, batch: int, heads_k: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     """FlashAttention-3's per-(sequence, KV head) descale factor, as one scale per KV head
     (Hk,) when it means exactly that: a scalar (any shape of one element), (1, Hk), or

@@ -22,33 +22,35 @@ Window = Sequence[int]  # (left, right); -1 = unbounded
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-               deterministic, return_attn_probs, top_left=False, out=None, return_lse=False):
+               deterministic, return_attn_probs, top_left=False, out=None, return_lse=False,
+               s_aux=None, learnable_sink=None):
     q, k, v = (_checks.contiguous_last(x) for x in (q, k, v))
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks._tensor(x, name)
     left, right = _checks.window(window_size, causal)
-    if out is not None:
-        _checks.out_tensor(out, q.shape, q, (("q", q), ("k", k), ("v", v)))
-    if softmax_scale is None:  # D == 0 is rejected by the op, with a message
+    s_aux = _checks.sink(s_aux, learnable_sink, q)
+    if out is not None:  # v's head dim, which may differ from q's (ops.attention)
+        _checks.out_tensor(out, tuple(q.shape[:-1]) + tuple(v.shape[-1:]), q, (("q", q), ("k", k), ("v", v)))
+    if softmax_scale is None:  # from the QK head dim; D == 0 is rejected by the op, with a message
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
     out, lse, _rng, probs = _ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, softcap, left, right, top_left, alibi_slopes, dropout_p, deterministic,
-        bool(return_attn_probs) and dropout_p > 0, None, out=out)
+        bool(return_attn_probs) and dropout_p > 0, None, out=out, s_aux=s_aux)
     if return_lse:
         return out, lse
     return (out, lse, probs) if return_attn_probs else out
 
 
 def _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs, out=None):
+           deterministic, return_attn_probs, out=None, s_aux=None, learnable_sink=None):
     for name, x in (("q", q), ("k", k)):
         _checks._tensor(x, name)
         if x.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
     return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                      out=out)
+                      out=out, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
 def _unpack(x, name: str, count: int, dim: int):
@@ -64,9 +66,14 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor,
                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                     deterministic: bool = False, return_attn_probs: bool = False, *,
-                    out: Optional[Tensor] = None) -> AttnOutput:
+                    out: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
+                    learnable_sink: Optional[Tensor] = None) -> AttnOutput:
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k,
-    nheads_k, headdim); nheads a multiple of nheads_k (MQA/GQA).
+    nheads_k, headdim); nheads a multiple of nheads_k (MQA/GQA).  v may have its own head
+    dim headdim_v (1-256; k and v then differ in the last dimension only, as in DeepSeek's
+    MLA prefill, (192, 128)); out is then (batch, seqlen_q, nheads, headdim_v) and the scale
+    defaults to headdim ** -0.5.  fmha's kernels take one head dim: the narrower side is
+    zero-padded to the wider one, a cost of that padding (see docs/api.md).
 
     causal aligns the mask to the bottom-right corner: query i sees keys
     [i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q + window_size[1]]
@@ -84,29 +91,41 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor,
     no output is allocated; a GPU copy is needed only when the kernels cannot address it
     (head dim not a multiple of 8, rows not 16-byte aligned).  When an input requires grad,
     the result is computed as usual and copied into out, so gradients through out are exact.
+
+    s_aux (keyword; learnable_sink, FlashAttention-4's name, is the same): attention sinks,
+    one logit per query head, shape (nheads,), float32 or q's dtype, on q's device.  Each
+    logit joins its head's softmax denominator in every row and contributes no value:
+    out = sum_j exp(s_ij - lse') v_j with lse' = log(sum_j exp(s_ij) + exp(s_aux[h])), and
+    softmax_lse is lse'.  A row that sees no key outputs 0 and its lse' is s_aux[h].
+    Differentiable in s_aux.  On CPU tensors non-finite logits raise ValueError (on a GPU
+    the values are not read, which would cost a device synchronization).
     """
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs, out=out)
+                  deterministic, return_attn_probs, out=out, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, 
                               dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                               window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                              deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
-    """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim)."""
+                              deterministic: bool = False, return_attn_probs: bool = False, *,
+                              s_aux: Optional[Tensor] = None, learnable_sink: Optional[Tensor] = None) -> AttnOutput:
+    """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim); s_aux / learnable_sink
+    as in flash_attn_func."""
     q, k, v = _unpack(qkv, "qkv", 3, 2)
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+                  deterministic, return_attn_probs, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, 
                              dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                              window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                             deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
-    """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+                             deterministic: bool = False, return_attn_probs: bool = False, *,
+                             s_aux: Optional[Tensor] = None, learnable_sink: Optional[Tensor] = None) -> AttnOutput:
+    """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim); s_aux /
+    learnable_sink as in flash_attn_func."""
     k, v = _unpack(kv, "kv", 2, 2)
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+                  deterministic, return_attn_probs, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -117,7 +136,9 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            seqused_k: Optional[Tensor] = None, out: Optional[Tensor] = None,
                            return_softmax_lse: bool = False, num_splits: int = 0,
                            q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                           v_descale: Optional[Tensor] = None) -> AttnOutput:
+                           v_descale: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
+                           learnable_sink: Optional[Tensor] = None, fa_version: Optional[int] = None,
+                           scheduler_metadata: Optional[Tensor] = None) -> AttnOutput:
     """Attention over packed sequences: q (total_q, nheads, headdim), k and v (total_k,
     nheads_k, headdim); sequence b owns rows cu_seqlens[b]:cu_seqlens[b + 1] (int32,
     batch + 1 entries). seqused_k (batch,) int32 limits sequence b to its first
@@ -130,18 +151,25 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return_attn_probs, which returns the triple); num_splits (int >= 0) is accepted for
     FA3/vLLM compatibility and changes nothing: fmha's varlen kernels never split the key
     dimension, so every value, 0 included, computes what num_splits=1 does in FA3 (each
-    row's keys reduced in one pass; see docs/api.md on batch invariance).  q_descale,
-    k_descale, v_descale describe fp8 inputs, which these kernels do not take: giving any
-    of them raises ValueError (fp8 KV caches are read by flash_attn_with_kvcache).
+    row's keys reduced in one pass; see docs/api.md on batch invariance).
+    q_descale, k_descale, v_descale (float32, a scalar or (batch, nheads_k), as vLLM passes
+    them on every call) are FlashAttention-3's dequantization factors of fp8 inputs; FA3
+    reads them only when the inputs are fp8, and fmha's varlen inputs are float16,
+    bfloat16 or float32, so they are checked (dtype, shape, device) and have no effect.
+
+    v may have its own head dim, s_aux / learnable_sink are attention sinks: both as in
+    flash_attn_func.  vLLM's keywords: fa_version (2 or 3) picks a FlashAttention
+    implementation in vLLM; fmha has one, which computes what both compute, so it is
+    checked and changes nothing.  scheduler_metadata (int32, from FA3's
+    get_scheduler_metadata) is FA3's precomputed tile schedule, an optional hint FA3
+    computes itself when absent; fmha's kernels schedule themselves, so it is accepted and
+    not read.
     """
     if block_table is not None:
         raise ValueError("block_table (paged KV) is not supported by flash_attn_varlen_func: pass contiguous k "
                          "and v, or read paged caches with fmha.flash_attn_with_kvcache")
-    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if x is not None:
-            raise ValueError(f"{name} is not supported by flash_attn_varlen_func: it describes fp8 q/k/v, and "
-                             f"fmha's varlen kernels compute in float16, bfloat16 or float32 only (fp8 KV caches "
-                             f"with k_descale/v_descale are read by fmha.flash_attn_with_kvcache)")
+    _varlen_descales(q, k, cu_seqlens_q, q_descale, k_descale, v_descale)
+    _vllm_keywords(q, fa_version, scheduler_metadata)
     _varlen_num_splits(num_splits)
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
@@ -150,7 +178,41 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                          "returns (out, softmax_lse), return_attn_probs (out, softmax_lse, S_dmask)")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, out=out, return_lse=return_softmax_lse)
+                      deterministic, return_attn_probs, out=out, return_lse=return_softmax_lse,
+                      s_aux=s_aux, learnable_sink=learnable_sink)
+
+
+def _varlen_descales(q, k, cu_seqlens_q, q_descale, k_descale, v_descale) -> None:
+    """FlashAttention-3's q/k/v_descale on the varlen function: checked, then unused, since
+    FA3 applies them to fp8 inputs only and these inputs are never fp8 (the op rejects an
+    fp8 q, k or v)."""
+    given = [(n, x) for n, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+             if x is not None]
+    if not given:
+        return
+    for name, x in (("q", q), ("k", k), ("cu_seqlens_q", cu_seqlens_q)):
+        _checks._tensor(x, name)
+    batch, heads_k = cu_seqlens_q.numel() - 1, k.shape[-2] if k.dim() >= 2 else 0
+    for name, x in given:
+        _checks._tensor(x, name)
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name} must be torch.float32, got {x.dtype}")
+        if x.numel() != 1 and tuple(x.shape) != (batch, heads_k):
+            raise ValueError(f"{name} must be a scalar or have shape ({batch}, {heads_k}) (batch, nheads_k), got "
+                             f"{tuple(x.shape)}")
+        _checks._same_device(x, name, q)
+
+
+def _vllm_keywords(q, fa_version, scheduler_metadata) -> None:
+    if fa_version is not None and (isinstance(fa_version, bool) or fa_version not in (2, 3)):
+        raise ValueError(f"fa_version must be 2 or 3 (vLLM's FlashAttention versions; fmha computes what both "
+                         f"compute), got {fa_version!r}")
+    if scheduler_metadata is not None:
+        _checks._tensor(scheduler_metadata, "scheduler_metadata")
+        if scheduler_metadata.dtype != torch.int32:
+            raise TypeError(f"scheduler_metadata must be torch.int32 (FA3's get_scheduler_metadata), got "
+                            f"{scheduler_metadata.dtype}")
+        _checks._same_device(scheduler_metadata, "scheduler_metadata", q)
 
 
 def _varlen_num_splits(num_splits) -> None:
@@ -162,21 +224,27 @@ def _varlen_num_splits(num_splits) -> None:
 def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, 
                                      dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                                     deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
-    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim)."""
+                                     deterministic: bool = False, return_attn_probs: bool = False, *,
+                                     s_aux: Optional[Tensor] = None,
+                                     learnable_sink: Optional[Tensor] = None) -> AttnOutput:
+    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim); s_aux / learnable_sink as
+    in flash_attn_func."""
     q, k, v = _unpack(qkv, "qkv", 3, 1)
     return _attention(q, k, v, cu_seqlens, cu_seqlens, None, max_seqlen, max_seqlen, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+                      return_attn_probs, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
 def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                     max_seqlen_q: int, max_seqlen_k: int, 
                                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                                     window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                                    deterministic: bool = False, return_attn_probs: bool = False) -> AttnOutput:
-    """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
+                                    deterministic: bool = False, return_attn_probs: bool = False, *,
+                                    s_aux: Optional[Tensor] = None,
+                                    learnable_sink: Optional[Tensor] = None) -> AttnOutput:
+    """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim); s_aux /
+    learnable_sink as in flash_attn_func."""
     k, v = _unpack(kv, "kv", 2, 1)
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+                      return_attn_probs, s_aux=s_aux, learnable_sink=learnable_sink)

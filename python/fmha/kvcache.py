@@ -36,6 +36,11 @@ def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     if q.dtype not in _DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32 (fp8 queries are not supported), got {q.dtype}")
     batch, seqlen_q, heads_q, head_dim = q.shape
+    if v_cache.shape[-1] != k_cache.shape[-1]:
+        raise ValueError(f"v_cache has head dimension {v_cache.shape[-1]} but k_cache has {k_cache.shape[-1]}: "
+                         f"flash_attn_with_kvcache's decode kernels read one head dim for keys and values (padding "
+                         f"the narrower cache would copy it whole on every call); a V head dim other than the QK "
+                         f"head dim is served by flash_attn_func and flash_attn_varlen_func")
     if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache must match k_cache: {tuple(k_cache.shape)} {k_cache.dtype}, got "
                          f"{tuple(v_cache.shape)} {v_cache.dtype}")
@@ -247,7 +252,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                             return_softmax_lse: bool = False, *, k_scale: Optional[Tensor] = None,
                             v_scale: Optional[Tensor] = None, out: Optional[Tensor] = None,
                             q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                            v_descale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                            v_descale: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
+                            learnable_sink: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention of q (batch, seqlen, nheads, headdim) against a KV cache, flash-attn 2.x's
     semantics: k_cache/v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), or with
     block_table (batch, max_num_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -280,6 +286,11 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     first, as flash-attn does; a cache that needed a copy and is appended to is copied back
     whole, a cost of the cache's size per call.
 
+    s_aux (keyword; or learnable_sink): attention sinks, one logit per query head (nheads,),
+    float32 or q's dtype, as in flash_attn_func: each joins its head's softmax denominator
+    and adds no value; softmax_lse includes it.  v_cache must have k_cache's head dim (a V
+    head dim of its own is served by flash_attn_func and flash_attn_varlen_func).
+
     Returns out (batch, seqlen, nheads, headdim), and softmax_lse (batch, nheads, seqlen)
     with return_softmax_lse.  Forward only (inference): when an input requires grad, out
     does too, and a backward through it raises instead of silently dropping attention's
@@ -290,6 +301,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     _checks._tensor(q, "q")
     _checks._tensor(k_cache, "k_cache")
     k_scale, v_scale = _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale)
+    s_aux = _checks.sink(s_aux, learnable_sink, q)
     if out is not None:
         _checks.out_tensor(out, q.shape, q, (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
                                              ("v", v)))
@@ -316,7 +328,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         out, lse = _kvcache_fwd(*args, out=user_out)  # writes into user_out when it is given
     else:
         out, lse = torch.ops.fmha.kvcache_fwd(*args)
-    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
+    if s_aux is not None:  # forward only: the sink is applied to the result in place
+        with torch.no_grad():
+            out, lse = _ops.apply_sink(out, lse, s_aux, varlen=False, in_place=True)
+    inputs = [x for x in (q, k_cache, v_cache, k, v, s_aux) if x is not None]
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         if out is user_out:  # written in place: the caller's tensor carries the forward-only node
             out = _ForwardOnlyInPlace.apply(out, *inputs)

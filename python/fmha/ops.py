@@ -318,30 +318,105 @@ class _EagerAttention(torch.autograd.Function):
         return _replay_backward(functools.partial(_bwd_checked, ctx.dims), ctx, dout, dlse)
 
 
-def attention(*inputs, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """torch.ops.fmha.fwd's arguments and results.  Eager calls on plain tensors skip the
-    dispatcher, whose cost per call (forward and backward) was about as much host time as
-    a training step's kernels at S = 512; anything traced (torch.compile, export, fake or
-    subclass tensors) goes through the registered op.
+# --- What the kernels do not take, composed around the op once for every entry point: a V
+# head dim that differs from the QK head dim, and attention sinks. ---
+
+
+def _value_head_dim(q: Tensor, k: Tensor, v: Tensor) -> int:
+    """v's head dim when it differs from q's and k's, else 0.  k and v may then differ in the
+    last dimension only; the op checks everything else."""
+    if not all(isinstance(x, Tensor) for x in (q, k, v)) or v.dim() == 0 or k.dim() == 0:
+        return 0  # the op names the bad argument
+    if v.shape[-1] == k.shape[-1]:
+        return 0
+    if v.dim() != k.dim() or v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)} except the head dim (last dimension), "
+                         f"got {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k has head dimension {k.shape[-1]} but q has {q.shape[-1]}; they must match")
+    if not 1 <= v.shape[-1] <= _checks.MAX_HEAD_DIM:
+        raise ValueError(f"v's head dimension (last dim of v) must be between 1 and {_checks.MAX_HEAD_DIM}, "
+                         f"got {v.shape[-1]}")
+    return v.shape[-1]
+
+
+def _sink_weight(lse: Tensor, s_aux: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    """(w, lse') for a sink logit s per query head: lse' = logaddexp(lse, s) is the log of
+    the denominator with the sink, and w = sigmoid(lse - s) = exp(lse - lse') the share of
+    each row's mass that stays on the keys, shaped to multiply the output.  A row that sees
+    no key (lse = -inf) gets w = 0 and lse' = s: the sink takes all the mass."""
+    s = s_aux.float()
+    s = s[:, None] if varlen else s[None, :, None]  # against lse (Hq, total_q) or (B, Hq, Sq)
+    w = torch.sigmoid(lse - s)
+    w = w.t() if varlen else w.transpose(1, 2)  # -> (total_q, Hq) or (B, Sq, Hq)
+    return w.unsqueeze(-1), torch.logaddexp(lse, s)
+
+
+def apply_sink(out: Tensor, lse: Tensor, s_aux: Tensor, varlen: bool, in_place: bool = False
+               ) -> Tuple[Tensor, Tensor]:
+    """(out', lse') of attention with a sink from attention without one: out' = out * w,
+    lse' = logaddexp(lse, s) (_sink_weight).  Exact, and differentiable in out, lse and s
+    by autograd: the backward of out and lse (the op's, which takes dlse) then gives the
+    sink-adjusted dq, dk, dv, and ds = -sum over rows of exp(s - lse') * rowsum(dout' * out').
+    The product is taken in fp32 and rounded once; in_place writes out' into out."""
+    w, lse_sink = _sink_weight(lse, s_aux, varlen)
+    if in_place:
+        return out.mul_(w), lse_sink
+    return (out.float() * w).to(out.dtype), lse_sink
+
+
+def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """torch.ops.fmha.fwd's arguments and results, plus two features composed around the op
+    here, once, for every entry point:
+
+    * v may have a head dim other than q's and k's (then k and v differ in the last
+      dimension only): the narrower of q/k and v is zero-padded to the wider head dim (the
+      caller computed the scale from q's), which changes no score and no output column, and
+      the output is sliced back; F.pad's backward slices the gradients.
+    * s_aux (Hq,), checked by the caller (_checks.sink): a sink logit per query head that
+      joins every row's softmax denominator and adds no value (apply_sink); the returned
+      LSE includes it.
+
+    Eager calls on plain tensors skip the dispatcher, whose cost per call (forward and
+    backward) was about as much host time as a training step's kernels at S = 512; anything
+    traced (torch.compile, export, fake or subclass tensors) goes through the registered op.
 
     `out` (checked by the caller, _checks.out_tensor) receives the output, and is returned
     in its place.  With nothing to differentiate, eager calls write it in the kernel with no
-    output allocated (_fwd_checked says when a copy is needed).  When an input requires grad
-    (or the call is traced) the output is computed as usual and copied into `out`, an
-    in-place copy that autograd differentiates, so gradients through `out` are exact."""
+    output allocated (_fwd_checked says when a copy is needed; a padded V head dim always
+    computes into a buffer).  When an input requires grad (or the call is traced) the output
+    is computed as usual and copied into `out`, an in-place copy that autograd
+    differentiates, so gradients through `out` are exact."""
+    q, k, v = inputs[:3]
+    head_dim_v = _value_head_dim(q, k, v)
+    if head_dim_v:
+        width = _vector_head_dim(q.device, q.dtype, max(head_dim_v, q.shape[-1]))
+        q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] != width else x for x in (q, k, v))
+        inputs = (q, k, v) + tuple(inputs[3:])
     tensors = [x for x in inputs if isinstance(x, Tensor)]
+    extra = [x for x in (out, s_aux) if x is not None]
     eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-             and all(type(x) is Tensor for x in tensors + ([] if out is None else [out]))
-             and inputs[0].device.type in ("cpu", "cuda"))
+             and all(type(x) is Tensor for x in tensors + extra)
+             and q.device.type in ("cpu", "cuda"))
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+    direct = None  # the caller's out, when the kernel writes it
     if not eager:
         result = torch.ops.fmha.fwd(*inputs)
-    elif torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+    elif grad:
         result = _EagerAttention.apply(*inputs)
-    elif out is not None:
-        return _fwd_checked(_input_dims(inputs), *inputs, out=out)
+    elif out is not None and not head_dim_v:
+        result = _fwd_checked(_input_dims(inputs), *inputs, out=out)
+        direct = out
     else:
-        return _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
-    if out is None:
-        return result
-    out.copy_(result[0])
-    return (out,) + tuple(result[1:])
+        result = _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
+    o, lse = result[0], result[1]
+    if s_aux is not None:
+        sink_grad = torch.is_grad_enabled() and s_aux.requires_grad
+        o, lse = apply_sink(o, lse, s_aux, inputs[3] is not None, in_place=o is direct and not sink_grad)
+    if head_dim_v:
+        o = o[..., :head_dim_v]
+    if out is not None and o is not out:
+        out.copy_(o)
+        o = out
+    return (o, lse) + tuple(result[2:])
