@@ -180,8 +180,6 @@ def _run_case(c, rank, world, device):
             args = (packed,)
             grads = lambda: packed.grad.unbind(1)  # noqa: E731
             fn = getattr(fd, base + "_qkvpacked_func")
-            if c["kind"] == "llama3":
-                extra = extra  # same arguments
         elif c["pack"] == "kv":
             lq, packed = loc[0].requires_grad_(), torch.stack(loc[1:], dim=1).requires_grad_()
             args = (lq, packed)
