@@ -345,6 +345,24 @@ def test_compile_fullgraph(device):
         assert_close(a.grad, b.grad, 1e-6, f"compiled {name}")
 
 
+def test_kvcache_compile_fullgraph(device):
+    # The cache function's traced path (the registered op, then the sink's correction).
+    q = randn(2, 1, 4, 32, dtype=torch.float32, device=device)
+    kc, vc = (randn(2, 40, 2, 32, dtype=torch.float32, device=device) for _ in range(2))
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=device)
+    s = sinks(4).to(device)
+
+    def step(q, kc, vc, lengths, s):
+        return fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, s_aux=s, return_softmax_lse=True)
+
+    eager = step(q, kc, vc, lengths, s)
+    compiled = torch.compile(step, fullgraph=True)(q, kc, vc, lengths, s)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    ref_out, ref_lse = attention_ref(q.cpu(), kc.cpu(), vc.cpu(), seqused_k=lengths.cpu(), s_aux=s.cpu())
+    assert_close(compiled[0].cpu(), ref_out, OUT_TOL[torch.float32], "out")
+    assert_lse_close(compiled[1].cpu(), ref_lse, LSE_TOL[torch.float32])
+
+
 def test_dropout(device):
     # Dropout on the keys' probabilities (the sink has no value to drop): out and every
     # gradient against the reference with the kernel's own keep-mask.
