@@ -149,5 +149,38 @@ def test_unsupported_calls_raise():
     class Module(torch.nn.Module):
         is_causal = True
 
-    with pytest.raises(ValueError, match="sinks"):
-        fmha_hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(2))
+    with pytest.raises(ValueError, match="s_aux must have shape"):
+        fmha_hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(3))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sinks_match_gpt_oss_eager(device, causal):
+    # gpt-oss passes its sinks as s_aux; transformers' own eager gpt-oss attention (the sink
+    # as an extra logit column) is the reference: output and gradients, sinks included.
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    class Module(torch.nn.Module):
+        num_key_value_groups = 2
+        training = False
+
+        def __init__(self):
+            super().__init__()
+            self.sinks = torch.nn.Parameter(torch.randn(4, device=device) + 1.0)
+
+    module = Module()
+    module.is_causal = causal
+    q, k, v = (torch.randn(2, h, 13, 16, device=device) for h in (4, 2, 2))
+    mask = None
+    if causal:
+        mask = torch.full((13, 13), -torch.inf, device=device).triu(1)[None, None]
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref, _ = eager_attention_forward(module, *leaves, mask, scaling=16 ** -0.5)
+    ref.sum().backward()
+    ref_grads = [x.grad for x in leaves] + [module.sinks.grad.clone()]
+    module.sinks.grad = None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, _ = fmha_hf.attention_forward(module, *leaves, None, scaling=16 ** -0.5, s_aux=module.sinks)
+    out.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), [x.grad for x in leaves] + [module.sinks.grad], ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)

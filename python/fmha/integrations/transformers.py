@@ -21,10 +21,11 @@ an H200). What transformers hands over is mapped onto fmha:
 - fp32 activations next to half-precision weights (PEFT's fp32 layer norms, autocast) are
   cast to the weights' (or autocast's) dtype, as flash-attention backends do; a model that
   is fp32 throughout runs fmha's fp32 path;
-- a V head dim different from the QK one (MLA) by zero-padding the smaller side.
+- a V head dim different from the QK one (MLA) by zero-padding the smaller side;
+- attention sinks (`s_aux`, gpt-oss) through fmha's `s_aux`.
 
-Attention sinks (`s_aux`) and transformers' paged continuous batching are not supported
-yet: such calls raise a ValueError that says so.
+transformers' paged continuous batching is not supported yet: such calls raise a
+ValueError that says so.
 """
 
 from __future__ import annotations
@@ -93,9 +94,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, s_aux: torch.Tensor | None = None, **kwargs):
     """transformers' attention-function signature: query (B, Hq, Sq, D), key and value
     (B, Hk, Sk, D); returns (output (B, Sq, Hq, Dv), None)."""
-    if s_aux is not None:
-        raise ValueError("fmha does not support attention sinks (s_aux) yet; use attn_implementation='eager' "
-                         "or 'sdpa' for this model")
     if kwargs.get("block_table") is not None or kwargs.get("k_cache") is not None:
         raise ValueError("fmha does not support transformers' paged continuous batching yet")
     batch, _, q_len, qk_dim = query.shape
@@ -118,6 +116,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         q, k = (torch.nn.functional.pad(x, (0, dim - qk_dim)) for x in (q, k))
     if v_dim < dim:
         v = torch.nn.functional.pad(v, (0, dim - v_dim))
+
+    if s_aux is not None:  # fmha takes float32 sinks or sinks in q's dtype
+        opts["s_aux"] = s_aux if s_aux.dtype in (torch.float32, q.dtype) else s_aux.float()
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
