@@ -361,6 +361,11 @@ _CUDA = torch.cuda.is_available()
 def test_cuda_nccl(world, name):
     if world > torch.cuda.device_count():
         pytest.skip(f"needs {world} GPUs")
+    if name == "torch_cp":
+        try:
+            from torch.distributed.tensor.experimental import context_parallel_unshard  # noqa: F401
+        except ImportError:
+            pytest.skip(f"torch {torch.__version__} has no context_parallel_unshard to gather the shards with")
     _check(world, "cuda", name)
 
 

@@ -337,6 +337,9 @@ def _value_head_dim(q: Tensor, k: Tensor, v: Tensor) -> int:
     if not 1 <= v.shape[-1] <= _checks.MAX_HEAD_DIM:
         raise ValueError(f"v's head dimension (last dim of v) must be between 1 and {_checks.MAX_HEAD_DIM}, "
                          f"got {v.shape[-1]}")
+    if not 1 <= q.shape[-1] <= _checks.MAX_HEAD_DIM:  # before padding, so that the message names q's own
+        raise ValueError(f"head dimension (last dim of q) must be between 1 and {_checks.MAX_HEAD_DIM}, "
+                         f"got {q.shape[-1]}")
     return v.shape[-1]
 
 
