@@ -74,6 +74,11 @@ def main():
     run(1, 300, 300, 2, 2, 192, dtype=torch.float16)
     run(3, 260, 100, 4, 4, 80, causal=True)
     run(1, 200, 8300, 2, 2, 128)  # D = 128's 176-key blocks (at least 8192 keys)
+    # D = 128's 128-key blocks with O staged in a buffer of its own: more pairs of tiles than
+    # multiprocessors, so that a CTA reuses the buffer while the next Q loads.
+    with torch.no_grad():
+        q = torch.randn(2, 1100, 40, 128, device="cuda", dtype=torch.bfloat16)
+        fmha.flash_attn_func(q, q, q, causal=True)
     # sm_90a backward: GQA with a window in deterministic mode (dQ from bwd_dq_kernel), score
     # mods at D = 64 (64-row query blocks), the head-dim split at 256 (one stage); the cases
     # above run it at D = 40, 128, 192 and 256 (ALiBi).

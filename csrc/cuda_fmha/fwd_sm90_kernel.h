@@ -1,6 +1,6 @@
 // Attention forward on sm_90a, the design of FlashAttention-3 (Shah et al. 2024) on our own
 // tile layer (tile/sm90.h).  A persistent CTA works through tiles of kBlockM query rows of
-// one (sequence, head) (FwdTileOrder); its threads split into warpgroups by role:
+// one (sequence, head) (tile_order.h); its threads split into warpgroups by role:
 //
 //   producer (warpgroup 0, one thread): TMA copies of each tile's Q, and of its K_j and V_j
 //     into rings of kStages buffers, each buffer guarded by a full and an empty mbarrier.
@@ -25,6 +25,7 @@
 #include "scores.h"
 #include "tile/mma.h"
 #include "tile/sm90.h"
+#include "tile_order.h"
 
 namespace fmha {
 namespace cuda {
@@ -37,8 +38,15 @@ struct FwdSm90Maps {
 // exist for tools/tune/tune_sm90.cu, which times but does not check them.
 // kPingPong: two consumers take turns issuing their products, so that one's softmax
 // overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
+// How O leaves a tile (FwdSm90Traits::kOStore).
+enum class OStore {
+  kRegisters,  // straight from registers, four bytes per store
+  kQBuffer,    // staged through the tile's Q buffer, 16-byte rows out
+  kOwnBuffer,  // staged through a buffer of its own, 16-byte rows out
+};
+
 template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
-          bool kPingPong_ = kBlockM_ == 128>
+          bool kPingPong_ = kBlockM_ == 128, int kOStore_ = -1>
 struct FwdSm90Traits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
@@ -57,19 +65,25 @@ struct FwdSm90Traits {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr bool kPingPong = kPingPong_;
   static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumers");
-  // How O leaves (tools/tune/tune_sm90.cu on an H200, 2026-12-01): at D <= 64 straight from
-  // registers, which frees the Q buffer after the tile's last S = Q K^T so that the next
-  // tile's Q loads during the last P V and the epilogue (4-7% faster than staging at
-  // D = 64); above, staged in 16-byte rows through the consumer's rows of the Q buffer
-  // (the direct stores, four bytes each, cost 1-5% at D = 128 and up to 11% and 14% at
-  // D = 192 and 256).
-  static constexpr bool kStoreFromRegisters = kHeadDim <= 64;
-  // Shared memory: Q | K ring | V ring | mbarriers; every tile starts on a 1024-byte line,
-  // the period of the 128-byte swizzle.
+  // Shared memory: Q | K ring | V ring | [O] | mbarriers; every tile starts on a 1024-byte
+  // line, the period of the 128-byte swizzle.
   static constexpr int kOffK = TileQ::kBytes;
   static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
-  static constexpr int kOffBar = kOffV + kStages * TileKV::kBytes;
+  static constexpr int kOffO = kOffV + kStages * TileKV::kBytes;
   static constexpr int kBars = 2 + 4 * kStages;
+  // How O leaves (tools/tune/tune_sm90.cu on an H200): at D <= 64 straight from registers
+  // (4-7% faster than staging there); above, staged so that 16-byte rows go out (the direct
+  // stores cost 1-5% at D = 128 and up to 11% and 14% at D = 192 and 256), through a
+  // buffer of its own where it fits 227 KB, else through the consumer's rows of the Q
+  // buffer.  Unless O uses the Q buffer, Q is free after the tile's last S = Q K^T, and the
+  // next tile's Q loads during the last P V and the epilogue.
+  static constexpr OStore kOStore =
+      kOStore_ >= 0 ? OStore(kOStore_)
+      : kHeadDim <= 64 ? OStore::kRegisters
+      : kOffO + TileQ::kBytes + kBars * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
+                                                            : OStore::kQBuffer;
+  static constexpr bool kReleaseQEarly = kOStore != OStore::kQBuffer;
+  static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileQ::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0, "tiles on 1024-byte lines");
 };
@@ -77,31 +91,6 @@ struct FwdSm90Traits {
 // Named barriers: 0 is __syncthreads; 1 and 2 are the two consumers' turns (ping-pong),
 // 3 to 5 each consumer's own (the epilogue).
 constexpr int kBarTurn = 1, kBarEpilogue = 3;
-
-// The tile scheduler.  Tiles t = 0 .. m_blocks * Hq * B - 1 are ordered sequence by
-// sequence, head by head, and within a head from the outside in (query blocks last,
-// first, second-to-last, second, ...), so that a pair (2u, 2u + 1) costs about the same
-// under a causal mask; CTA c takes pairs u = c, c + gridDim.x, ...  Fixed-length problems
-// launch one CTA per multiprocessor (persistent: a CTA's next tile starts loading while
-// the last one's epilogue runs); varlen ones, whose tiles differ, one CTA per pair.
-struct FwdTileOrder {
-  int64_t tiles;
-  int m_blocks, heads;
-  __device__ __forceinline__ FwdTileOrder(const fmha_problem& pr, int block_m)
-      : tiles(0), m_blocks((pr.seqlen_q + block_m - 1) / block_m), heads(pr.num_heads_q) {
-    tiles = (int64_t)m_blocks * heads * pr.batch;
-  }
-  // Calls f(m_block, h, b) for each tile of this CTA, in order.
-  template <class F>
-  __device__ __forceinline__ void for_each(F&& f) const {
-    for (int64_t u = blockIdx.x; 2 * u < tiles; u += gridDim.x)
-      for (int64_t t = 2 * u; t < 2 * u + 2 && t < tiles; ++t) {
-        const int p = (int)(t % m_blocks);
-        const int64_t bh = t / m_blocks;
-        f(p % 2 == 0 ? m_blocks - 1 - p / 2 : p / 2, (int)(bh % heads), (int)(bh / heads));
-      }
-  }
-};
 
 // What one tile covers: query rows [m0, m1) of sequence b, head h, and the key blocks
 // n_end - 1, n_end - 2, ..., n_end - n_blocks it visits (the last first, as in
@@ -138,7 +127,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
-  const FwdTileOrder order(pr, kBlockM);
+  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch);
 
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -157,7 +146,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     mbar_init(full_q, 1);
     // One arrival per consumer warpgroup after its last product that reads Q, or, when O is
     // staged in the Q buffer, one per consumer thread after its last read of it.
-    mbar_init(empty_q, K::kStoreFromRegisters ? K::kConsumers : K::kConsumers * 128);
+    mbar_init(empty_q, K::kReleaseQEarly ? K::kConsumers : K::kConsumers * 128);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k + s, 1);
@@ -283,7 +272,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // The last product that reads Q is done: unless O goes through the Q buffer, the
       // producer may bring the next tile's.
       auto release_q = [&] {
-        if (K::kStoreFromRegisters && tid_wg == 0) mbar_arrive(empty_q);
+        if (K::kReleaseQEarly && tid_wg == 0) mbar_arrive(empty_q);
       };
       auto wait_full = [&](uint64_t* full, int i) { mbar_wait(full + (it + i) % kStages, ((it + i) / kStages) & 1); };
 
@@ -359,7 +348,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wgmma_wait<0>();
       fence_operand(acc_o);
       release(empty_v, n_blocks - 1);
-    } else if (K::kStoreFromRegisters && tid_wg == 0) {
+    } else if (K::kReleaseQEarly && tid_wg == 0) {
       mbar_arrive(empty_q);  // no key: Q is not read
     }
 
@@ -375,7 +364,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int i = row0 + g + 8 * r;
       if (lse != nullptr && t == 0 && i < m1) lse[w.seq.lse_index(pr, i, h)] = softmax_lse(row_max[r], l);
     }
-    if constexpr (K::kStoreFromRegisters) {
+    if constexpr (K::kOStore == OStore::kRegisters) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = row0 + g + 8 * r;
@@ -389,19 +378,21 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     } else {
-      // Through this warpgroup's rows of the Q buffer, 16-byte rows out.  The thread index
-      // enters through an opaque copy: its addresses are the same in every tile, and hoisted
-      // out of the tile loop they would stay live (and spill) through the main loop.
+      // Through this warpgroup's rows of the staging buffer, 16-byte rows out.  The thread
+      // index enters through an opaque copy: its addresses are the same in every tile, and
+      // hoisted out of the tile loop they would stay live (and spill) through the main loop.
+      T* sO = K::kOStore == OStore::kOwnBuffer ? reinterpret_cast<T*>(smem + K::kOffO) : sQ;
       unsigned tid_e = unsigned(tid_wg);
       asm volatile("" : "+r"(tid_e));
-      named_barrier_sync(kBarEpilogue + cw, 128);  // every warp of the group is done reading its Q rows
+      // Every warp of the group is done reading its rows (of Q, or of the last tile's O).
+      named_barrier_sync(kBarEpilogue + cw, 128);
       {
         const unsigned r = unsigned(row_wg) + (tid_e / 32) * 16 + (tid_e % 32) / 4, c0 = 2 * (tid_e % 4);
 #pragma unroll
         for (int n = 0; n < kDT; ++n) {
-          *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r, c0 + n * 8)) =
+          *reinterpret_cast<uint32_t*>(sO + TileQ::offset(r, c0 + n * 8)) =
               pack2<T>(acc_o[n][0] * inv[0], acc_o[n][1] * inv[0]);
-          *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r + 8, c0 + n * 8)) =
+          *reinterpret_cast<uint32_t*>(sO + TileQ::offset(r + 8, c0 + n * 8)) =
               pack2<T>(acc_o[n][2] * inv[1], acc_o[n][3] * inv[1]);
         }
       }
@@ -412,11 +403,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int i = 0; i < 64 * kChunks / 128; ++i) {
         const unsigned idx = tid_e + i * 128;
         const int r = row_wg + int(idx / kChunks), c = int(idx % kChunks) * 8;
-        copy_16_if(gO + r * p.out.row_stride + c, sQ + TileQ::offset(r, c), r < rows_valid && c < cols_valid);
+        copy_16_if(gO + r * p.out.row_stride + c, sO + TileQ::offset(r, c), r < rows_valid && c < cols_valid);
       }
-      // The copy engine may write the next Q over what this thread read: order the reads first.
-      fence_proxy_async_shared();
-      mbar_arrive(empty_q);
+      if constexpr (K::kOStore == OStore::kQBuffer) {
+        // The copy engine may write the next Q over what this thread read: order the reads first.
+        fence_proxy_async_shared();
+        mbar_arrive(empty_q);
+      }
     }
     it += n_blocks;
     q_phase ^= 1;
@@ -452,11 +445,10 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream) {
       !encode(&maps.k, p.k, rows_k, pr.num_heads_k, K::kBlockN) ||
       !encode(&maps.v, p.v, rows_k, pr.num_heads_k, K::kBlockN))
     return false;
-  const int64_t m_blocks = (pr.seqlen_q + K::kBlockM - 1) / K::kBlockM;
-  const int64_t pairs = (m_blocks * pr.num_heads_q * pr.batch + 1) / 2;  // FwdTileOrder
-  if (pairs == 0) return true;
-  const int64_t ctas = varlen ? pairs : std::min<int64_t>(pairs, device_sm_count());
-  const dim3 grid((unsigned)std::min<int64_t>(ctas, INT32_MAX));
+  const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
+                                       device_sm_count());
+  if (ctas == 0) return true;
+  const dim3 grid((unsigned)ctas);
   auto kernel = fwd_sm90_kernel<K>;
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps);

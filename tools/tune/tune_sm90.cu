@@ -57,12 +57,14 @@ void fwd(const char* name, const Shape& s, Buffers& buf) {
 
 #define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false>>(#M "x" #N " st" #ST, s, buf)
 #define FWD_NOPP(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, false>>(#M "x" #N " st" #ST " nopp", s, buf)
+// O through registers (0), the Q buffer (1) or a buffer of its own (2); FWD uses the rule.
+#define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
 
 int main() {
   std::vector<Shape> shapes;
   for (int d : {64, 96, 128, 192, 256})
     for (bool causal : {false, true})
-      for (int S : {512, 1024, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
+      for (int S : {512, 1024, 2048, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o}) {
@@ -78,9 +80,12 @@ int main() {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 96
     FWD(96, 128, 128, 2);
+    FWD_O(96, 128, 128, 2, 1);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 128
     FWD(128, 128, 128, 2);
+    FWD_O(128, 128, 128, 2, 1);
+    FWD_O(128, 128, 128, 2, 0);
     FWD(128, 128, 176, 2);
     FWD_NOPP(128, 128, 128, 2);
 #endif

@@ -1,0 +1,93 @@
+// Times the sm_90a backward (bwd_sm90_kernel.h) and, for reference, the forward on the
+// benchmark's training shapes (16,384 tokens, width 2048), device time only: the kernels are
+// launched back to back without the library's dispatch or Python, so host overhead does not
+// enter.  Build and run on the GPU machine:
+//   nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a [-DTUNE_D=128] \
+//        -Icsrc -Icsrc/include tools/tune/tune_sm90_bwd.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90b && /tmp/tune90b
+// The backward's time is the main kernel's alone (D and the dQ accumulator's zeroing and
+// conversion are separate short kernels, the same for any main-kernel design).
+#include <vector>
+
+#include "tune_common.h"
+
+using namespace fmha;
+using namespace fmha::cuda;
+using T = __nv_bfloat16;
+
+struct Shape {
+  int S, D;
+  bool causal;
+  int B() const { return 16384 / S; }
+  int H() const { return 2048 / D; }
+};
+
+struct Buffers {
+  T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *delta, *dq_accum;
+};
+
+template <int D>
+void run(const Shape& s, Buffers& buf) {
+  if (D != s.D) return;
+  const int B = s.B(), H = s.H();
+  auto view = [&](T* x) { return fmha_tensor{x, (int64_t)s.S * H * s.D, (int64_t)H * s.D, s.D}; };
+  fmha_problem pr{};
+  pr.dtype = FMHA_DTYPE_BFLOAT16;
+  pr.batch = B;
+  pr.seqlen_q = pr.seqlen_k = s.S;
+  pr.num_heads_q = pr.num_heads_k = H;
+  pr.head_dim = s.D;
+  pr.scale = 1.f / sqrtf((float)s.D);
+  pr.window_left = -1;
+  pr.window_right = s.causal ? 0 : -1;
+  pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+  fmha_fwd_params f{};
+  f.struct_size = sizeof(f);
+  f.device = FMHA_DEVICE_CUDA;
+  f.problem = pr;
+  f.q = view(buf.q), f.k = view(buf.k), f.v = view(buf.v), f.out = view(buf.o);
+  f.lse = buf.lse;
+  using Fwd = FwdSm90Config<T, D, false>;
+  const float fwd_ms = time_ms([&] { run_fwd_sm90<Fwd>(f, 0); }, 30);
+  fmha_bwd_params p{};
+  p.struct_size = sizeof(p);
+  p.device = FMHA_DEVICE_CUDA;
+  p.problem = pr;
+  p.q = f.q, p.k = f.k, p.v = f.v, p.out = f.out, p.dout = view(buf.dout);
+  p.dq = view(buf.dq), p.dk = view(buf.dk), p.dv = view(buf.dv);
+  p.lse = buf.lse;
+  using Bwd = BwdSm90Config<T, D, false>;
+  const float bwd_ms = time_ms([&] {
+    if (!run_bwd_sm90<Bwd>(p, buf.dq_accum, buf.delta, nullptr, 1, 0)) std::printf("tensor maps refused\n"), std::exit(1);
+  }, 20);
+  const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
+  std::printf("S=%-6d D=%-3d %s fwd %7.3f ms %6.1f TFLOP/s  bwd %7.3f ms %6.1f TFLOP/s\n", s.S, s.D,
+              s.causal ? "causal" : "      ", fwd_ms, flops / fwd_ms / 1e9, bwd_ms, 2.5 * flops / bwd_ms / 1e9);
+}
+
+int main() {
+  const size_t elems = (size_t)16384 * 2048;
+  Buffers buf;
+  for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
+    check_cuda(cudaMalloc(x, elems * sizeof(T)), "cudaMalloc");
+    fill<<<1024, 256>>>(*x, elems, (uint32_t)(uintptr_t)x);
+  }
+  for (float** x : {&buf.lse, &buf.delta}) check_cuda(cudaMalloc(x, (size_t)16384 * 32 * 4), "cudaMalloc");
+  check_cuda(cudaMemset(buf.delta, 0, (size_t)16384 * 32 * 4), "cudaMemset");
+  check_cuda(cudaMalloc(&buf.dq_accum, elems * 4), "cudaMalloc");
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (int S : {512, 1024, 2048, 4096, 16384}) {
+        const Shape s{S, d, causal};
+#if !defined(TUNE_D) || TUNE_D == 64
+        run<64>(s, buf);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 128
+        run<128>(s, buf);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 256
+        run<256>(s, buf);
+#endif
+      }
+  return 0;
+}
