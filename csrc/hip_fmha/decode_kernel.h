@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
 
   // Grid (query tiles x splits, Hk, B), splits fastest.  Packed queries (cu_seqlens_q):
   // the tiles cover max_seqlen_q, and those past this sequence's rows have nothing to do.
-  const int split = block_x() % num_splits, b = block_z(), hk = block_y();
+  // (hk through readfirstlane: the bare workgroup id fed to uniform_copy below makes
+  // clang-19 fail with "illegal VGPR to SGPR copy".)
+  const int split = block_x() % num_splits, b = block_z(), hk = __builtin_amdgcn_readfirstlane(block_y());
   const int group = p.num_heads_q / p.num_heads_k;
   const DecodeQuery dq = DecodeQuery::get(p, b);
   const int rows = dq.len * group;
@@ -164,8 +166,6 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
   fmha_decode_params pc = p;
   pc.batch = uniform_copy(p.batch);
   pc.seqlen_q = uniform_copy(p.seqlen_q);
-  pc.total_q = uniform_copy(p.total_q);
-  pc.cu_seqlens_q = uniform_copy(p.cu_seqlens_q);
   pc.num_heads_q = uniform_copy(p.num_heads_q);
   pc.out.data = uniform_copy(p.out.data);
   pc.out.batch_stride = uniform_copy(p.out.batch_stride);
