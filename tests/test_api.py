@@ -30,8 +30,11 @@ SIGNATURES = {
     "flash_attn_qkvpacked_func": ([("qkv", REQUIRED)] + FA_KEYWORDS, SINKS),
     "flash_attn_kvpacked_func": ([("q", REQUIRED), ("kv", REQUIRED)] + FA_KEYWORDS, SINKS),
     "flash_attn_varlen_func": (
-        [(n, REQUIRED) for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
-                                 "max_seqlen_k")] + FA_KEYWORDS + [("block_table", None)],
+        # cu_seqlens_k and the max lengths default to None: a paged call (block_table) may omit
+        # cu_seqlens_k and max_seqlen_k, as vLLM does; without block_table they are required.
+        [(n, REQUIRED) for n in ("q", "k", "v", "cu_seqlens_q")]
+        + [(n, None) for n in ("cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")] + FA_KEYWORDS
+        + [("block_table", None)],
         [("seqused_k", None), ("out", None), ("return_softmax_lse", False), ("num_splits", 0),
          ("q_descale", None), ("k_descale", None), ("v_descale", None)] + SINKS
         + [("fa_version", None), ("scheduler_metadata", None)]),

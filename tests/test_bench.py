@@ -104,3 +104,19 @@ def test_context_parallel_suite_cpu(tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert "Context parallel" in md and "simulated on one device" in md
     assert "simulated on one device" in capsys.readouterr().out
+
+
+def test_paged_prefill_suite_cpu(tmp_path, capsys):
+    # Chunked prefill over paged caches (pages of 16 and 32 on the CPU) against the same work
+    # on contiguous varlen tensors: checked first, then timed, then the ratio in results.md.
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--suites", "paged_prefill", "--budget", "0.01", "--out", str(out)])
+    assert rc == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = [r for r in payload["results"] if r["suite"] == "paged_prefill"]
+    assert [r["page"] for r in rows] == [16, 32]
+    for r in rows:
+        assert set(r["ms"]) == {"fmha-paged", "fmha-contiguous"} and r["paged_over_contiguous"] > 0
+        assert r["fmha_rel_err"] < 1e-5
+    assert "Chunked prefill over a paged cache" in (out / "results.md").read_text()
+    assert "paged / contiguous" in capsys.readouterr().out

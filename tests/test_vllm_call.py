@@ -7,10 +7,8 @@ mixed batches of prefill, chunked-prefill, speculative-decode and decode request
 the float64 reference (tests/reference.py).
 
 vLLM's decoder call reads the paged cache through block_table with seqused_k and no
-cu_seqlens_k.  Until flash_attn_varlen_func takes block_table, that test is an expected
-failure (strict: it fails loudly once block_table lands, so the mark is removed then); the
-same call over contiguous per-sequence caches (cu_seqlens_k with seqused_k instead of
-block_table, everything else as vLLM passes it) runs for real.
+cu_seqlens_k; the same call over contiguous per-sequence caches (cu_seqlens_k with
+seqused_k instead of block_table, everything else as vLLM passes it) runs too.
 
 As vLLM does: the query and output buffers are padded past num_actual_tokens (CUDA-graph
 sizes); the rows past it are garbage in the query and must stay untouched in the output;
@@ -258,9 +256,6 @@ def test_decoder_call_contiguous(device, dtype, config):
     check_output(impl, batch, dtype)
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError),
-                   reason="block_table (paged KV) in flash_attn_varlen_func, with cu_seqlens_k omitted as vLLM "
-                          "omits it, is issue 22 item 1, being implemented separately; remove this mark when it lands")
 @pytest.mark.parametrize("config", CONFIGS, ids=[c[0] for c in CONFIGS])
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=dtype_id)
 def test_decoder_call_paged(device, dtype, config):

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fmha/fmha.h"
+#include "kv_cache.h"
 #include "macros.h"
 
 namespace fmha {
@@ -59,10 +60,11 @@ struct DecodePlan {
   // fp32 queries and empty calls run unsplit (the row-wise kernel has no split-KV).
   static DecodePlan make(const fmha_decode_params& p, int64_t tiles, int64_t wave, int min_blocks) {
     DecodePlan pl;
-    if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0) return pl;
+    if (p.dtype == FMHA_DTYPE_FLOAT32 || p.batch == 0 || p.seqlen_q == 0 || (p.cu_seqlens_q && p.total_q == 0))
+      return pl;
     pl.splits = choose_splits(p, tiles, wave, min_blocks);
     if (pl.splits > 1) {
-      const size_t rows = (size_t)p.batch * p.num_heads_q * p.seqlen_q * pl.splits;
+      const size_t rows = (size_t)decode_partial_rows(p) * pl.splits;
       pl.o_bytes = align256(rows * p.head_dim * 4);
       pl.lse_bytes = align256(rows * 4);
     }

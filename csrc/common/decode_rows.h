@@ -112,9 +112,10 @@ FMHA_HOST_DEVICE int decode_combine_parts(int splits) {
   return parts;
 }
 
-// The split-KV combine of output row `row` = (b, h, i) in LSE order (B, Hq, Sq), by
-// `parts` lane groups of one block: o_part is (splits, B, Hq, Sq, head_dim) fp32, each row
-// normalized over its split; lse_part is (splits, B, Hq, Sq).  Group `part` adds splits
+// The split-KV combine of output row `row` in LSE order ((B, Hq, Sq), or (Hq, total_q)
+// with packed queries: decode_partial_rows), by `parts` lane groups of one block: o_part is
+// (splits, rows, head_dim) fp32, each row normalized over its split; lse_part is
+// (splits, rows).  Group `part` adds splits
 // part, part + parts, ... weighted by their share of the row's softmax sum into red
 // (head_dim floats in shared memory) and returns the row's LSE; after a block barrier,
 // decode_combine_store adds the parts' rows and writes the output.  A lane owns dims
@@ -125,7 +126,7 @@ FMHA_HOST_DEVICE int decode_combine_parts(int splits) {
 template <class G>
 FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* o_part, const float* lse_part,
                                       int splits, int64_t row, int part, int parts, int lane, float* red) {
-  const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+  const int64_t rows = decode_partial_rows(p);
   // Every split's LSE at once (lane l holds splits l, l + kWidth, ...): the max and the sum.
   constexpr int kPerLane = kMaxDecodeSplits / G::kWidth;
   float w[kPerLane];
@@ -167,13 +168,12 @@ FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* 
 }
 
 // The output row and its LSE from the parts' rows (red: parts rows of FMHA_MAX_HEAD_DIM
-// floats), after the barrier that follows decode_combine_part.
+// floats), after the barrier that follows decode_combine_part; w: the row as DecodeRow
+// found it (a row it rejects is never combined).
 template <class G, class T>
-FMHA_DEVICE void decode_combine_store(const fmha_decode_params& p, int64_t row, const float* red, int parts,
-                                      float lse, int lane) {
-  const int i = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.num_heads_q);
-  const int b = (int)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
-  const int64_t out = (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride + (int64_t)h * p.out.head_stride;
+FMHA_DEVICE void decode_combine_store(const fmha_decode_params& p, int64_t row, const DecodeRow& w,
+                                      const float* red, int parts, float lse, int lane) {
+  const int64_t out = w.q.offset(p.out, w.i, w.h);
   for (int e = lane; e < p.head_dim; e += G::kWidth) {
     float o = 0.f;
     for (int k = 0; k < parts; ++k) o += red[k * FMHA_MAX_HEAD_DIM + e];
@@ -186,12 +186,12 @@ FMHA_DEVICE void decode_combine_store(const fmha_decode_params& p, int64_t row, 
 // element (float, or 8-bit with scales); qrow: the group's fp32 row in shared memory.
 template <class G, class Elem>
 FMHA_DEVICE void decode_fp32_row(const fmha_decode_params& p, const RowId& w, float* qrow) {
-  if (w.i >= p.seqlen_q) return;
+  const DecodeQuery dq = DecodeQuery::get(p, w.b);
+  if (w.i >= dq.len) return;
   const int d = p.head_dim, hk = w.h / (p.num_heads_q / p.num_heads_k);
   const CacheView cv{&p, w.b};
   const DecodeSequence seq = DecodeSequence::get(p, w.b);
-  const int64_t q_off =
-      (int64_t)w.b * p.q.batch_stride + (int64_t)w.i * p.q.row_stride + (int64_t)w.h * p.q.head_stride;
+  const int64_t q_off = dq.offset(p.q, w.i, w.h);
   for (int e = w.lane; e < d; e += G::kWidth) qrow[e] = G::template load<float>(p.q.data, q_off + e);
   G::sync();
   const bool per_row = p.window_left >= 0 || p.window_right >= 0;
@@ -203,7 +203,7 @@ FMHA_DEVICE void decode_fp32_row(const fmha_decode_params& p, const RowId& w, fl
   acc.zero();
 
   constexpr bool kQuant = !std::is_same_v<Elem, float>;
-  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
+  const MaskGeometry geom = MaskGeometry::make(dq.len, seq.len_k, p.window_left, p.window_right, false);
   const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
   const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)w.b * p.alibi_batch_stride + w.h] : 0.f;
   float m = -INFINITY, l = 0.f;
@@ -231,12 +231,8 @@ FMHA_DEVICE void decode_fp32_row(const fmha_decode_params& p, const RowId& w, fl
       acc.v[c] = acc.v[c] * r + (e < d ? pj * (cache_elem<G, Elem, float>(p.v_cache.data, vrow + e) * vs) : 0.f);
     }
   }
-  acc.template store<float>(p.out.data,
-                            (int64_t)w.b * p.out.batch_stride + (int64_t)w.i * p.out.row_stride +
-                                (int64_t)w.h * p.out.head_stride,
-                            d, w.lane, softmax_inv_sum(l));
-  if (p.lse != nullptr && w.lane == 0)
-    p.lse[((int64_t)w.b * p.num_heads_q + w.h) * p.seqlen_q + w.i] = softmax_lse(m, l);
+  acc.template store<float>(p.out.data, dq.offset(p.out, w.i, w.h), d, w.lane, softmax_inv_sum(l));
+  if (p.lse != nullptr && w.lane == 0) p.lse[dq.lse_index(p, w.h, w.i)] = softmax_lse(m, l);
 }
 
 }  // namespace fmha

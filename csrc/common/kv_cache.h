@@ -75,4 +75,77 @@ struct DecodeSequence {
   FMHA_HOST_DEVICE int32_t end() const { return leftpad + len_k; }  // one past the last position
 };
 
+// The query rows of batch entry b: fixed length (seqlen_q rows of q and out at b's batch
+// stride) or packed (cu_seqlens_q: rows start .. start + len - 1 of the (total_q, Hq, D) q
+// and out).  Device-resident cu_seqlens_q is clamped: start to [0, total_q], the end to
+// [start, total_q] and len to [0, seqlen_q], so rows [start, start + len) always exist
+// and tiles sized by seqlen_q cover them.
+struct DecodeQuery {
+  int64_t start;  // packed: first row of the sequence; fixed: 0
+  int32_t b, len;
+  bool packed;
+
+  FMHA_HOST_DEVICE static DecodeQuery get(const fmha_decode_params& p, int32_t b) {
+    DecodeQuery q;
+    q.b = b;
+    q.packed = p.cu_seqlens_q != nullptr;
+    if (!q.packed) {
+      q.start = 0, q.len = p.seqlen_q;
+      return q;
+    }
+    q.start = clamp_index(p.cu_seqlens_q[b], 0, p.total_q);
+    const int64_t end = clamp_index(p.cu_seqlens_q[b + 1], q.start, p.total_q);
+    q.len = clamp_index(end - q.start, 0, p.seqlen_q);
+    return q;
+  }
+
+  // Offset of (row i, head h) in q or out.
+  FMHA_HOST_DEVICE int64_t offset(const fmha_tensor& t, int32_t i, int32_t h) const {
+    const int64_t outer = packed ? (start + i) * t.row_stride : (int64_t)b * t.batch_stride + (int64_t)i * t.row_stride;
+    return outer + (int64_t)h * t.head_stride;
+  }
+
+  // Index of (h, i) in the LSE, (B, Hq, Sq) or packed (Hq, total_q); also the row of the
+  // split-KV partials (decode_partial_rows of them per split).
+  FMHA_HOST_DEVICE int64_t lse_index(const fmha_decode_params& p, int32_t h, int32_t i) const {
+    return packed ? (int64_t)h * p.total_q + start + i : ((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i;
+  }
+};
+
+// Rows of the LSE and of each split's partial outputs: B x Hq x Sq, or Hq x total_q packed.
+FMHA_HOST_DEVICE int64_t decode_partial_rows(const fmha_decode_params& p) {
+  return p.cu_seqlens_q ? (int64_t)p.num_heads_q * p.total_q : (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+}
+
+// Output row `row` of decode_partial_rows' order as (sequence, head, row in sequence):
+// false for packed rows that no sequence owns (gaps between or after the sequences), which
+// are left as they are.  Packed rows find their sequence by binary search of cu_seqlens_q
+// (any metadata: every index stays in [0, B]), checked against DecodeQuery's clamps.
+struct DecodeRow {
+  int32_t b, h, i;
+  DecodeQuery q;
+
+  FMHA_HOST_DEVICE bool get(const fmha_decode_params& p, int64_t row) {
+    if (p.cu_seqlens_q == nullptr) {
+      i = (int32_t)(row % p.seqlen_q), h = (int32_t)(row / p.seqlen_q % p.num_heads_q);
+      b = (int32_t)(row / ((int64_t)p.seqlen_q * p.num_heads_q));
+      q = DecodeQuery::get(p, b);
+      return true;
+    }
+    if (p.batch <= 0 || p.total_q <= 0) return false;
+    const int32_t t = (int32_t)(row % p.total_q);
+    h = (int32_t)(row / p.total_q);
+    int32_t lo = 0, hi = p.batch - 1;  // the last b with cu_seqlens_q[b] <= t
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (p.cu_seqlens_q[mid] <= t) lo = mid;
+      else hi = mid - 1;
+    }
+    b = lo;
+    q = DecodeQuery::get(p, b);
+    i = (int32_t)(t - q.start);
+    return t >= q.start && i < q.len;
+  }
+};
+
 }  // namespace fmha

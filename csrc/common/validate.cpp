@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "error.h"
@@ -15,7 +16,8 @@ namespace {
 // older header passes a smaller struct_size; the fields it lacks read as zero.
 constexpr uint32_t kFwdParamsV1 = sizeof(fmha_fwd_params);
 constexpr uint32_t kBwdParamsV1 = sizeof(fmha_bwd_params);
-constexpr uint32_t kDecodeParamsV1 = sizeof(fmha_decode_params);
+// fmha_decode_params grew cu_seqlens_q and total_q after its first layout.
+constexpr uint32_t kDecodeParamsV1 = offsetof(fmha_decode_params, cu_seqlens_q);
 
 template <class Params>
 Params read_sized(const Params* p, uint32_t v1_size, const char* name) {
@@ -171,6 +173,17 @@ void validate(const fmha_decode_params& p) {
                  "rotary needs rotary_cos, rotary_sin and seqlen_ro >= 1");
   }
   FMHA_REQUIRE(p.num_splits >= 0, "num_splits must be >= 0, 0 choosing automatically (got %d)", p.num_splits);
+  if (p.cu_seqlens_q != nullptr) {
+    FMHA_REQUIRE(p.total_q >= 0, "total_q must be >= 0 (got %d)", p.total_q);
+    FMHA_REQUIRE(p.seqlen_new == 0,
+                 "appending new tokens (seqlen_new = %d) cannot be combined with packed queries (cu_seqlens_q): "
+                 "write the new keys and values into the cache first",
+                 p.seqlen_new);
+    FMHA_REQUIRE(p.rotary_dim == 0, "rotary embedding (rotary_dim = %d) cannot be combined with packed queries "
+                 "(cu_seqlens_q): rotate q before the call", p.rotary_dim);
+  } else {
+    FMHA_REQUIRE(p.total_q == 0, "total_q (%d) is for packed queries and needs cu_seqlens_q", p.total_q);
+  }
   check_tensor(p.q, "q", work);
   check_tensor(p.out, "out", work);
   check_tensor(p.k_cache, "k_cache", work);
@@ -181,6 +194,19 @@ void validate(const fmha_decode_params& p) {
 
 void validate_host_metadata(const fmha_decode_params& p) {
   const int64_t capacity = p.block_table ? (int64_t)p.max_pages * p.cache_seqlen : p.cache_seqlen;
+  if (p.cu_seqlens_q != nullptr) {
+    const int32_t* cu = p.cu_seqlens_q;
+    FMHA_REQUIRE(cu[0] >= 0, "cu_seqlens_q[0] must be >= 0 (got %d)", cu[0]);
+    for (int32_t b = 0; b < p.batch; ++b) {
+      const int64_t len = (int64_t)cu[b + 1] - cu[b];
+      FMHA_REQUIRE(len >= 0, "cu_seqlens_q must be non-decreasing, but cu_seqlens_q[%d] = %d > cu_seqlens_q[%d] = %d",
+                   b, cu[b], b + 1, cu[b + 1]);
+      FMHA_REQUIRE(len <= p.seqlen_q, "sequence %d has %lld query rows in cu_seqlens_q, more than max_seqlen_q = %d", b,
+                   (long long)len, p.seqlen_q);
+    }
+    FMHA_REQUIRE(cu[p.batch] <= p.total_q, "cu_seqlens_q[%d] = %d exceeds the %d rows of q", p.batch, cu[p.batch],
+                 p.total_q);
+  }
   for (int32_t b = 0; b < p.batch; ++b) {
     const int64_t filled = p.cache_seqlens[b], end = filled + p.seqlen_new;
     FMHA_REQUIRE(filled >= 0, "cache_seqlens[%d] = %lld must be >= 0", b, (long long)filled);

@@ -1,5 +1,6 @@
 // CPU decode (flash_attn_with_kvcache): append the new keys and values to the cache (keys
-// rotated, quantized when the cache is), then each query row attends to its sequence's
+// rotated, quantized when the cache is), then each query row (fixed length, or packed by
+// cu_seqlens_q: DecodeQuery) attends to its sequence's
 // cache through csrc/common/ (kv_cache.h for paging, quant.h, rotary.h, mask geometry) and
 // the same online-softmax row as the forward.
 #include <cmath>
@@ -104,11 +105,13 @@ void decode(const fmha_decode_params& p) {
     const int32_t b = (int32_t)(item / p.num_heads_q), h = (int32_t)(item % p.num_heads_q), hk = h / group;
     const CacheView cv{&p, b};
     const DecodeSequence seq = DecodeSequence::get(p, b);
-    const int32_t filled = seq.filled, leftpad = seq.leftpad, len_k = seq.len_k;
-    const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, len_k, p.window_left, p.window_right, false);
+    const DecodeQuery dq = DecodeQuery::get(p, b);  // this sequence's query rows (packed or not)
+    const int32_t filled = seq.filled, leftpad = seq.leftpad, len_k = seq.len_k, len_q = dq.len;
+    if (len_q == 0) return;
+    const MaskGeometry geom = MaskGeometry::make(len_q, len_k, p.window_left, p.window_right, false);
     const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
     const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f;
-    const int32_t k0 = geom.key_begin(0), k1 = std::max(k0, geom.key_end(p.seqlen_q));
+    const int32_t k0 = geom.key_begin(0), k1 = std::max(k0, geom.key_end(len_q));
     std::vector<float> K((size_t)(k1 - k0) * D), V(K.size());
     for (int32_t j = k0; j < k1; ++j) {
       load_cache_row(p, cv, p.k_cache, p.k_scale, leftpad + j, hk, &K[(size_t)(j - k0) * D]);
@@ -132,24 +135,24 @@ void decode(const fmha_decode_params& p) {
           [&](int32_t j) { return vc + cv.offset(p.v_cache, leftpad + std::max(j, k0), hk); });
     }
 #endif
-    for (int32_t i0 = 0; i0 < p.seqlen_q; i0 += block) {
-      const int rows = std::min(block, p.seqlen_q - i0);
+    for (int32_t i0 = 0; i0 < len_q; i0 += block) {
+      const int rows = std::min(block, len_q - i0);
       auto load_q = [&](int r, float* dst) {
-        load_row(p.dtype, p.q.data, bshd(p.q, b, i0 + r, h), D, dst);
+        load_row(p.dtype, p.q.data, dq.offset(p.q, i0 + r, h), D, dst);
         rotate(p, dst, filled + (per_row_positions ? i0 + r : 0));
       };
       auto store_out = [&](int r, const float* src, float lse) {
-        store_row(p.dtype, p.out.data, bshd(p.out, b, i0 + r, h), D, src);
-        if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
+        store_row(p.dtype, p.out.data, dq.offset(p.out, i0 + r, h), D, src);
+        if (p.lse) p.lse[dq.lse_index(p, h, i0 + r)] = lse;
       };
 #if FMHA_CPU_X86_SECTIONS
       if (amx) {
         avx512::fwd_block_amx(
             th, packed, D, i0, rows,
-            [&](int r) { return static_cast<const uint16_t*>(p.q.data) + bshd(p.q, b, i0 + r, h); },
-            [&](int r) { return static_cast<uint16_t*>(p.out.data) + bshd(p.out, b, i0 + r, h); },
+            [&](int r) { return static_cast<const uint16_t*>(p.q.data) + dq.offset(p.q, i0 + r, h); },
+            [&](int r) { return static_cast<uint16_t*>(p.out.data) + dq.offset(p.out, i0 + r, h); },
             [&](int r, float lse) {
-              if (p.lse) p.lse[((int64_t)b * p.num_heads_q + h) * p.seqlen_q + i0 + r] = lse;
+              if (p.lse) p.lse[dq.lse_index(p, h, i0 + r)] = lse;
             });
         continue;
       }

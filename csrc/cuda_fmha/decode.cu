@@ -128,10 +128,10 @@ void decode(const fmha_decode_params& p, void* stream) {
     check_vector_layout(p.k_cache, "k_cache", p.head_dim, quant ? 1 : 2);
     check_vector_layout(p.v_cache, "v_cache", p.head_dim, quant ? 1 : 2);
   }
-  if (p.batch > 65535 || (int64_t)p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows) > 65535)
-    FMHA_UNSUPPORTED("decode grid too large: batch %d (at most 65535) and num_heads_k x ceil(seqlen_q x group / 8) "
-                     "= %lld (at most 65535)",
-                     p.batch, (long long)p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows));
+  if (p.batch > 65535 || p.num_heads_k > 65535 ||
+      (int64_t)DecodeWork::m_tiles(p, kDecodeRows) * kMaxDecodeSplits > INT32_MAX)
+    FMHA_UNSUPPORTED("decode grid too large: batch %d and num_heads_k %d (at most 65535 each), seqlen_q %d",
+                     p.batch, p.num_heads_k, p.seqlen_q);
 
   // 1. The new tokens go into the cache first (stream order makes them visible below).
   if (p.seqlen_new > 0) {
@@ -142,7 +142,7 @@ void decode(const fmha_decode_params& p, void* stream) {
     });
     check_cuda(cudaGetLastError(), "decode_append_kernel launch");
   }
-  if (p.seqlen_q == 0) return;
+  if (p.seqlen_q == 0 || (p.cu_seqlens_q != nullptr && p.total_q == 0)) return;
 
   // 2. Attention.
   if (p.dtype == FMHA_DTYPE_FLOAT32) {
@@ -162,8 +162,10 @@ void decode(const fmha_decode_params& p, void* stream) {
 
   // 3. Splits merged by LSE.
   if (pl.splits > 1) {
-    const int64_t rows = (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
-    if (rows > INT32_MAX) FMHA_UNSUPPORTED("decode combine grid too large: batch x heads x seqlen_q = %lld", (long long)rows);
+    const int64_t rows = decode_partial_rows(p);
+    if (rows > INT32_MAX)
+      FMHA_UNSUPPORTED("decode combine grid too large: %lld output rows (batch x heads x seqlen_q, or heads x total_q)",
+                       (long long)rows);
     const int parts = decode_combine_parts(pl.splits);
     with_types(p, [&](auto types) {
       using T = typename decltype(types)::T;

@@ -1,6 +1,6 @@
 // Decode attention against a KV cache (flash_attn_with_kvcache) on sm80+: flash-decoding.
 //
-// A CTA owns one (sequence, KV head, split): the query rows of every query head that shares
+// A CTA owns one (sequence, KV head, query tile, split): the query rows of every query head that shares
 // the KV head are packed into one 8-row tile (row r = i * group + head-in-group), so each
 // cache row is read once for the whole group.  The products run transposed, S^T = K q^T and
 // O^T = V^T P^T: the packed rows are the mma's 8-wide n side (a decode step's 4-8 rows fill
@@ -102,19 +102,21 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
   using Tc = std::conditional_t<K::kQuant, typename Cvt::Compute, T>;  // the mma's operand type
   constexpr float kLazyMax = 8.f;
 
-  const int split = blockIdx.x, b = blockIdx.z;
+  // Grid (query tiles x splits, Hk, B), splits fastest.  Packed queries (cu_seqlens_q):
+  // the tiles cover max_seqlen_q, and those past this sequence's rows have nothing to do.
+  const int split = blockIdx.x % num_splits, b = blockIdx.z, hk = blockIdx.y;
   const int group = p.num_heads_q / p.num_heads_k;
-  const int m_tiles = DecodeWork::m_tiles(p, K::kRows);
-  const int hk = blockIdx.y / m_tiles;
-  const int rows = p.seqlen_q * group;
-  const int r0 = (blockIdx.y % m_tiles) * K::kRows, r1 = min(r0 + K::kRows, rows);
+  const DecodeQuery dq = DecodeQuery::get(p, b);
+  const int rows = dq.len * group;
+  const int r0 = (blockIdx.x / num_splits) * K::kRows, r1 = min(r0 + K::kRows, rows);
+  if (r0 >= rows) return;  // the whole CTA, before any barrier
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int d = p.head_dim;
 
   const CacheView cv{&p, b};
   const DecodeSequence seq = DecodeSequence::get(p, b);
-  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
+  const MaskGeometry geom = MaskGeometry::make(dq.len, seq.len_k, p.window_left, p.window_right, false);
   const int i0 = r0 / group, i1 = (r1 - 1) / group + 1;  // query rows of the tile
   const int kb = geom.key_begin(i0), ke = max(kb, geom.key_end(i1));
   const int blk_begin = (seq.leftpad + kb) / 16, blk_end = (seq.leftpad + ke + 15) / 16;
@@ -131,9 +133,7 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
   for (int idx = tid; idx < 16 * (D / 8); idx += K::kThreads) {
     const int r = idx / (D / 8), c = (idx % (D / 8)) * 8, row = r0 + r;
     const bool ok = row < r1 && c < d;
-    const T* src = ok ? q + (int64_t)b * p.q.batch_stride + (int64_t)(row / group) * p.q.row_stride +
-                            (int64_t)(hk * group + row % group) * p.q.head_stride + c
-                      : q;
+    const T* src = ok ? q + dq.offset(p.q, row / group, hk * group + row % group) + c : q;
     cp_async_16(sQ + TileQ::offset(r, c), src, ok ? 16 : 0);
   }
   cp_async_commit();
@@ -477,9 +477,9 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
     f[ci] = softmax_rescale(row_max[ci], m_all) * ldexpf(softmax_inv_sum(l_all), K::kQuant ? Cvt::kExp : 0) * head_v;
     const int row = r0 + c;
     if (warp == 0 && g == 0 && row < r1) {  // the tile row's LSE, once
-      const int64_t idx = ((int64_t)b * p.num_heads_q + hk * group + row % group) * p.seqlen_q + row / group;
+      const int64_t idx = dq.lse_index(p, hk * group + row % group, row / group);
       if (num_splits > 1)
-        lse_part[(int64_t)split * p.batch * p.num_heads_q * p.seqlen_q + idx] = softmax_lse(m_all, l_all);
+        lse_part[(int64_t)split * decode_partial_rows(p) + idx] = softmax_lse(m_all, l_all);
       else if (p.lse != nullptr)
         p.lse[idx] = softmax_lse(m_all, l_all);
     }
@@ -503,12 +503,11 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
       for (int e = 0; e < 8; ++e) o[e] += red_o[(w * kR + r) * kStride + c + e];
     const int i = row / group, h = hk * group + row % group;
     if (split_out) {
-      float* dst = o_part + ((((int64_t)split * p.batch + b) * p.num_heads_q + h) * p.seqlen_q + i) * d + c;
+      float* dst = o_part + ((int64_t)split * decode_partial_rows(p) + dq.lse_index(p, h, i)) * d + c;
       reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
       reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
     } else {
-      T* dst = static_cast<T*>(p.out.data) + (int64_t)b * p.out.batch_stride + (int64_t)i * p.out.row_stride +
-               (int64_t)h * p.out.head_stride + c;
+      T* dst = static_cast<T*>(p.out.data) + dq.offset(p.out, i, h) + c;
       *reinterpret_cast<uint4*>(dst) =
           make_uint4(pack2<T>(o[0], o[1]), pack2<T>(o[2], o[3]), pack2<T>(o[4], o[5]), pack2<T>(o[6], o[7]));
     }
@@ -545,7 +544,7 @@ namespace cuda {
 
 template <class Traits>
 void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, float* lse_part, cudaStream_t stream) {
-  const dim3 grid(num_splits, p.num_heads_k * DecodeWork::m_tiles(p, Traits::kRows), p.batch);
+  const dim3 grid(num_splits * DecodeWork::m_tiles(p, Traits::kRows), p.num_heads_k, p.batch);
   auto kernel = decode_kernel<Traits>;
   set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, o_part, lse_part, num_splits);

@@ -17,8 +17,8 @@ __global__ void __launch_bounds__(32 * kRowWarps) decode_append_kernel(const __g
   decode_append_row<Warp, T, Elem>(p, (int64_t)blockIdx.x * kRowWarps + warp, threadIdx.x % 32, rows[warp]);
 }
 
-// kCombineWarps / parts output rows (b, h, i) in LSE order per block, `parts` warps each
-// (decode_combine_parts): grid ceil(B * Hq * Sq * parts / kCombineWarps).
+// kCombineWarps / parts output rows in LSE order per block, `parts` warps each
+// (decode_combine_parts): grid ceil(decode_partial_rows * parts / kCombineWarps).
 constexpr int kCombineWarps = 8;
 template <class T>
 __global__ void __launch_bounds__(32 * kCombineWarps)
@@ -27,11 +27,12 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   __shared__ __align__(16) float red[kCombineWarps][FMHA_MAX_HEAD_DIM];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % parts;
   const int64_t row = (int64_t)blockIdx.x * (kCombineWarps / parts) + warp / parts;
-  const bool valid = row < (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+  DecodeRow w;  // rows no sequence owns (packed queries) are skipped
+  const bool valid = row < decode_partial_rows(p) && w.get(p, row);
   float lse = 0.f;
   if (valid) lse = decode_combine_part<Warp>(p, o_part, lse_part, splits, row, part, parts, lane, red[warp]);
   __syncthreads();
-  if (valid && part == 0) decode_combine_store<Warp, T>(p, row, &red[warp][0], parts, lse, lane);
+  if (valid && part == 0) decode_combine_store<Warp, T>(p, row, w, &red[warp][0], parts, lse, lane);
 }
 
 // fp32 decode, one warp per (b, h, i): grid (ceil(Sq / kRowWarps), Hq, B).

@@ -2,7 +2,7 @@
 // flash-decoding, the CUDA backend's design (csrc/cuda_fmha/decode_kernel.h) in this
 // backend's MFMA vocabulary.
 //
-// A workgroup owns one (sequence, KV head, split): the query rows of every query head that
+// A workgroup owns one (sequence, KV head, query tile, split): the query rows of every query head that
 // shares the KV head are packed into one 16-row tile (row r = i * group + head-in-group), so
 // each cache row is read once for the whole group.  The cache range the tile can see is cut
 // into 16-row blocks of cache positions; a split takes a contiguous run of blocks, and its
@@ -149,12 +149,16 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
   using TileQ = typename K::TileQ;
   using TileV = typename K::TileV;
 
-  const int split = block_x(), b = block_z();
+  // Grid (query tiles x splits, Hk, B), splits fastest.  Packed queries (cu_seqlens_q):
+  // the tiles cover max_seqlen_q, and those past this sequence's rows have nothing to do.
+  // (hk through readfirstlane: the bare workgroup id fed to uniform_copy below makes
+  // clang-19 fail with "illegal VGPR to SGPR copy".)
+  const int split = block_x() % num_splits, b = block_z(), hk = __builtin_amdgcn_readfirstlane(block_y());
   const int group = p.num_heads_q / p.num_heads_k;
-  const int m_tiles = DecodeWork::m_tiles(p);
-  const int hk = block_y() / m_tiles;
-  const int rows = p.seqlen_q * group;
-  const int r0 = (block_y() % m_tiles) * 16, r1 = min(r0 + 16, rows);
+  const DecodeQuery dq = DecodeQuery::get(p, b);
+  const int rows = dq.len * group;
+  const int r0 = (block_x() / num_splits) * 16, r1 = min(r0 + 16, rows);
+  if (r0 >= rows) return;  // the whole workgroup, before any barrier
   const int tid = thread_id(), lane = lane_id(), wave = wave_id();
 
   // The arguments the cache loop and the epilogue read, copied once (tile/arch.h,
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
 
   const CacheView cv{&pc, b};
   const DecodeSequence seq = DecodeSequence::get(p, b);
-  const MaskGeometry geom = MaskGeometry::make(p.seqlen_q, seq.len_k, p.window_left, p.window_right, false);
+  const MaskGeometry geom = MaskGeometry::make(dq.len, seq.len_k, p.window_left, p.window_right, false);
   const int i0 = r0 / group, i1 = (r1 - 1) / group + 1;  // query rows of the tile
   const int kb = geom.key_begin(i0), ke = max(kb, geom.key_end(i1));
   const int blk_begin = (seq.leftpad + kb) / 16, blk_end = (seq.leftpad + ke + 15) / 16;
@@ -204,9 +208,7 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
     // An unconditional load from a clamped address, then zeros: no divergent branch.
     const bool ok = r0 + r < r1 && c < d;
     const int row = min(r0 + r, r1 - 1), cc = min(c, d - 8);
-    i32x4 v = *reinterpret_cast<const i32x4*>(q + (int64_t)b * p.q.batch_stride +
-                                              (int64_t)(row / group) * p.q.row_stride +
-                                              (int64_t)(hk * group + row % group) * p.q.head_stride + cc);
+    i32x4 v = *reinterpret_cast<const i32x4*>(q + dq.offset(p.q, row / group, hk * group + row % group) + cc);
     v = ok ? v : i32x4{0, 0, 0, 0};
     sQ.store8(r, c, i32x2{v.x, v.y});
     sQ.store8(r, c + 4, i32x2{v.z, v.w});
@@ -377,9 +379,9 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
   for (int m = 0; m < D / N; ++m) acc_o[m] *= f;
   const int row_l = r0 + lane % 16;
   if (wave == 0 && lane < 16 && row_l < r1) {  // the tile row's LSE, once
-    const int64_t idx = ((int64_t)b * pc.num_heads_q + hk * group + row_l % group) * pc.seqlen_q + row_l / group;
+    const int64_t idx = dq.lse_index(pc, hk * group + row_l % group, row_l / group);
     if (num_splits > 1)
-      lse_part[(int64_t)split * pc.batch * pc.num_heads_q * pc.seqlen_q + idx] = softmax_lse(m_all, l_all);
+      lse_part[(int64_t)split * decode_partial_rows(pc) + idx] = softmax_lse(m_all, l_all);
     else if (pc.lse != nullptr)
       pc.lse[idx] = softmax_lse(m_all, l_all);
   }
@@ -409,11 +411,10 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
                     *reinterpret_cast<const f32x4*>(red + (16 + r) * kStride + c);
     const int i = row / group, h = hk * group + row % group;
     if (split_out) {
-      float* dst = o_part + ((((int64_t)split * pc.batch + b) * pc.num_heads_q + h) * pc.seqlen_q + i) * d + c;
+      float* dst = o_part + ((int64_t)split * decode_partial_rows(pc) + dq.lse_index(pc, h, i)) * d + c;
       *reinterpret_cast<f32x4*>(dst) = o;
     } else {
-      uint16_t* dst = static_cast<uint16_t*>(pc.out.data) + (int64_t)b * pc.out.batch_stride +
-                      (int64_t)i * pc.out.row_stride + (int64_t)h * pc.out.head_stride + c;
+      uint16_t* dst = static_cast<uint16_t*>(pc.out.data) + dq.offset(pc.out, i, h) + c;
       *reinterpret_cast<i32x2*>(dst) = i32x2{(int32_t)pack2<T>(o.x, o.y), (int32_t)pack2<T>(o.z, o.w)};
     }
   }
@@ -429,7 +430,7 @@ namespace hip {
 
 template <class Traits>
 void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, float* lse_part, hipStream_t stream) {
-  const dim3 grid(num_splits, p.num_heads_k * DecodeWork::m_tiles(p), p.batch);
+  const dim3 grid(num_splits * DecodeWork::m_tiles(p), p.num_heads_k, p.batch);
   decode_kernel<Traits><<<grid, Traits::kThreads, 0, stream>>>(p, o_part, lse_part, num_splits);
   check_hip(hipGetLastError(), "decode_kernel launch");
 }

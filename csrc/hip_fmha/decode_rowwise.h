@@ -19,9 +19,9 @@ __global__ void __launch_bounds__(kRowThreads) decode_append_kernel(const fmha_d
   decode_append_row<Wave, T, Elem>(p, (int64_t)block_x() * kRowWaves + wave, lane_id(), rows[wave]);
 }
 
-// kCombineWaves / parts output rows (b, h, i) in LSE order per workgroup, `parts` waves
+// kCombineWaves / parts output rows in LSE order per workgroup, `parts` waves
 // each (decode_combine_parts, at most kCombineWaves): grid
-// ceil(B * Hq * Sq * parts / kCombineWaves).
+// ceil(decode_partial_rows * parts / kCombineWaves).
 constexpr int kCombineWaves = 4;
 template <class T>
 __global__ void __launch_bounds__(kCombineWaves * kWaveSize)
@@ -30,11 +30,12 @@ __global__ void __launch_bounds__(kCombineWaves * kWaveSize)
   __shared__ __attribute__((aligned(16))) float red[kCombineWaves][FMHA_MAX_HEAD_DIM];
   const int wave = wave_id(), lane = lane_id(), part = wave % parts;
   const int64_t row = (int64_t)block_x() * (kCombineWaves / parts) + wave / parts;
-  const bool valid = row < (int64_t)p.batch * p.num_heads_q * p.seqlen_q;
+  DecodeRow w;  // rows no sequence owns (packed queries) are skipped
+  const bool valid = row < decode_partial_rows(p) && w.get(p, row);
   float lse = 0.f;
   if (valid) lse = decode_combine_part<Wave>(p, o_part, lse_part, splits, row, part, parts, lane, red[wave]);
   barrier();
-  if (valid && part == 0) decode_combine_store<Wave, T>(p, row, &red[wave][0], parts, lse, lane);
+  if (valid && part == 0) decode_combine_store<Wave, T>(p, row, w, &red[wave][0], parts, lse, lane);
 }
 
 // fp32 decode, one wave per (b, h, i): grid (ceil(Sq / kRowWaves), Hq, B).

@@ -174,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
   FMHA_DFIELD(alibi_batch_stride);
   FMHA_DFIELD(num_splits);
   FMHA_DFIELD(workspace_size);
+  FMHA_DFIELD(total_q);
 #undef FMHA_DFIELD
   FMHA_PTR_PROPERTY(dec, fmha_decode_params, lse, float*);
   FMHA_PTR_PROPERTY(dec, fmha_decode_params, block_table, const int32_t*);
@@ -186,6 +187,7 @@ PYBIND11_MODULE(_C, m) {
   FMHA_PTR_PROPERTY(dec, fmha_decode_params, rotary_sin, const void*);
   FMHA_PTR_PROPERTY(dec, fmha_decode_params, alibi_slopes, const float*);
   FMHA_PTR_PROPERTY(dec, fmha_decode_params, workspace, void*);
+  FMHA_PTR_PROPERTY(dec, fmha_decode_params, cu_seqlens_q, const int32_t*);
 
   m.def(
       "decode", [](const fmha_decode_params& p, uintptr_t stream) { check(fmha_decode(&p, as_ptr(stream))); },

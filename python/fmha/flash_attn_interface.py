@@ -128,8 +128,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor,
                   deterministic, return_attn_probs, s_aux=s_aux, learnable_sink=learnable_sink)
 
 
-def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Optional[Tensor] = None,
+                           max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False, window_size: Window = (-1, -1),
                            softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None, *,
@@ -143,8 +143,17 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     nheads_k, headdim); sequence b owns rows cu_seqlens[b]:cu_seqlens[b + 1] (int32,
     batch + 1 entries). seqused_k (batch,) int32 limits sequence b to its first
     seqused_k[b] keys. Masks are per sequence, as in flash_attn_func. softmax_lse is
-    (nheads, total_q). block_table (paged KV) raises ValueError: paged caches are read by
-    fmha.flash_attn_with_kvcache.
+    (nheads, total_q).
+
+    Paged KV (vLLM's call): with block_table (batch, max_num_blocks) int32, k and v are
+    caches (num_blocks, page_size, nheads_k, headdim), page_size any multiple of 16, and
+    sequence b's keys are the first seqused_k[b] positions of its pages (seqused_k (batch,)
+    int32; or cu_seqlens_k's differences when seqused_k is None; cu_seqlens_k and
+    max_seqlen_k may be omitted).  Queries of any count per sequence (cu_seqlens_q), causal
+    aligned bottom-right on each sequence's lengths; windows, softcap, ALiBi, GQA; fp8 e4m3
+    or int8 caches with k_descale/v_descale.  Forward only: dropout_p must be 0, and a
+    backward through the result raises.  Device-resident metadata is clamped by the
+    kernels; FMHA_CHECK_METADATA=1 checks it on the host first (a synchronization).
 
     Keyword-only, FlashAttention-3's names: out= as in flash_attn_func ((total_q, nheads,
     headdim)); return_softmax_lse=True returns (out, softmax_lse) (not combinable with
@@ -166,8 +175,14 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     not read.
     """
     if block_table is not None:
-        raise ValueError("block_table (paged KV) is not supported by flash_attn_varlen_func: pass contiguous k "
-                         "and v, or read paged caches with fmha.flash_attn_with_kvcache")
+        _vllm_keywords(q, fa_version, scheduler_metadata)
+        from .kvcache import paged_varlen
+        return paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                            softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                            block_table, out, return_softmax_lse, num_splits, q_descale, k_descale, v_descale,
+                            s_aux, learnable_sink)
+    if cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+        raise ValueError("cu_seqlens_k, max_seqlen_q and max_seqlen_k are required (without block_table)")
     _varlen_descales(q, k, cu_seqlens_q, q_descale, k_descale, v_descale)
     _vllm_keywords(q, fa_version, scheduler_metadata)
     _varlen_num_splits(num_splits)

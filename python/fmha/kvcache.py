@@ -3,6 +3,8 @@ caches, in-place append, rotary, GQA, windows, softcap, ALiBi), 8-bit caches (fp
 int8) with per-head or per-token scales, and merge_attentions for combining partial
 results by their log-sum-exp."""
 
+import operator
+import os
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -24,18 +26,39 @@ def _bshd(t: Optional[Tensor]) -> "_C.Tensor":
 
 
 def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes):
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes, cu_seqlens_q=None, max_seqlen_q=0):
+    packed = cu_seqlens_q is not None
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _checks._tensor(x, name)
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D, got shape {tuple(x.shape)}")
+        dims = 3 if packed and x is q else 4
+        if x.dim() != dims:
+            what = " (total_q, nheads, headdim): packed by cu_seqlens_q" if packed and x is q else ""
+            raise ValueError(f"{name} must be {dims}-D{what}, got shape {tuple(x.shape)}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
     if q.dtype not in _DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32 (fp8 queries are not supported), got {q.dtype}")
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    if packed:
+        _checks._tensor(cu_seqlens_q, "cu_seqlens_q")
+        if cu_seqlens_q.dtype != torch.int32:
+            raise TypeError(f"cu_seqlens_q must be torch.int32, got {cu_seqlens_q.dtype}")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1:
+            raise ValueError(f"cu_seqlens_q must have shape (batch + 1,), got {tuple(cu_seqlens_q.shape)}")
+        _checks._same_device(cu_seqlens_q, "cu_seqlens_q", q)
+        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+            raise ValueError(f"max_seqlen_q must be an int >= 0 (the most query rows of any sequence), got "
+                             f"{max_seqlen_q!r}")
+        if k is not None or v is not None:
+            raise ValueError("k and v (tokens to append) cannot be combined with cu_seqlens_q: write them into the "
+                             "cache first (or call once per step without cu_seqlens_q)")
+        if rotary_cos is not None or rotary_sin is not None:
+            raise ValueError("rotary_cos/rotary_sin cannot be combined with cu_seqlens_q: rotate q (and the cached "
+                             "keys) before the call")
+        batch, seqlen_q, (heads_q, head_dim) = cu_seqlens_q.numel() - 1, max_seqlen_q, q.shape[1:]
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
     if v_cache.shape[-1] != k_cache.shape[-1]:
         raise ValueError(f"v_cache has head dimension {v_cache.shape[-1]} but k_cache has {k_cache.shape[-1]}: "
                          f"flash_attn_with_kvcache's decode kernels read one head dim for keys and values (padding "
@@ -121,6 +144,56 @@ def _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                              f"{tuple(alibi_slopes.shape)}")
 
 
+def _packed(t: Tensor) -> "_C.Tensor":
+    """A (total, H, D) tensor of packed rows (the batch stride is ignored)."""
+    return _C.Tensor(t.data_ptr(), 0, t.stride(0), t.stride(1))
+
+
+def _CHECK_METADATA() -> bool:
+    """FMHA_CHECK_METADATA=1: read device-resident metadata back (a synchronization) and
+    raise on any index out of range, before the kernels run (which would clamp it)."""
+    return os.environ.get("FMHA_CHECK_METADATA") == "1"
+
+
+def _check_metadata_on_host(batch, seqlen_q, total_q, cu_seqlens_q, cache_seqlens, seqlen_new, cache_batch,
+                            cache_seqlen, block_table, cache_leftpad, cache_batch_idx) -> None:
+    """The kernels' metadata, checked on the host (FMHA_CHECK_METADATA=1): what the GPU
+    kernels would silently clamp raises ValueError here, naming the entry."""
+    host = lambda x: None if x is None else x.detach().to("cpu", torch.int64)  # noqa: E731
+    cu, filled, table, leftpad, idx = (host(x) for x in (cu_seqlens_q, cache_seqlens, block_table, cache_leftpad,
+                                                          cache_batch_idx))
+    where = "FMHA_CHECK_METADATA: "
+    if cu is not None:
+        lens = cu[1:] - cu[:-1]
+        if batch and cu[0] < 0:
+            raise ValueError(f"{where}cu_seqlens_q[0] = {int(cu[0])} must be >= 0")
+        for name, bad in (("is decreasing", lens < 0), (f"exceeds max_seqlen_q = {seqlen_q}", lens > seqlen_q)):
+            if bad.any():
+                b = int(bad.nonzero()[0])
+                raise ValueError(f"{where}sequence {b} has {int(lens[b])} query rows (cu_seqlens_q[{b}] = "
+                                 f"{int(cu[b])}, cu_seqlens_q[{b + 1}] = {int(cu[b + 1])}): cu_seqlens_q {name}")
+        if int(cu[-1]) > total_q:
+            raise ValueError(f"{where}cu_seqlens_q[{batch}] = {int(cu[-1])} exceeds the {total_q} rows of q")
+    capacity = cache_seqlen * (table.shape[1] if table is not None else 1)
+    end = filled + seqlen_new
+    for b in range(batch):
+        if filled[b] < 0 or end[b] > capacity:
+            raise ValueError(f"{where}cache_seqlens (seqused_k)[{b}] = {int(filled[b])} (+ {seqlen_new} new) is "
+                             f"outside [0, {capacity}], the positions the cache (block_table width x page size) "
+                             f"holds per sequence")
+        if leftpad is not None and not 0 <= leftpad[b] <= filled[b]:
+            raise ValueError(f"{where}cache_leftpad[{b}] = {int(leftpad[b])} is outside [0, {int(filled[b])}]")
+        if idx is not None and not 0 <= idx[b] < cache_batch:
+            raise ValueError(f"{where}cache_batch_idx[{b}] = {int(idx[b])} is outside [0, {cache_batch})")
+        if table is not None:
+            pages = table[b, :(int(end[b]) + cache_seqlen - 1) // cache_seqlen]
+            bad = (pages < 0) | (pages >= cache_batch)
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(f"{where}block_table[{b}][{i}] = {int(pages[i])} is outside [0, {cache_batch}) "
+                                 f"pages")
+
+
 def _kernel_layout(x: Optional[Tensor], head_dim: int) -> Optional[Tensor]:
     """x as the GPU decode kernels can read it: `head_dim` columns (zero-padded) and 16-byte
     aligned rows and strides, copied only when it is not so already.  8-bit caches are
@@ -149,16 +222,17 @@ def _kvcache_fwd_impl(
     cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
     k_scale: Optional[Tensor], v_scale: Optional[Tensor], scale: float, window_left: int, window_right: int,
     softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor], num_splits: int,
+    cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """(out, lse) of q against the cache after appending k, v; see flash_attn_with_kvcache."""
     return _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                         cache_leftpad, block_table, k_scale, v_scale, scale, window_left, window_right, softcap,
-                        rotary_interleaved, alibi_slopes, num_splits)
+                        rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q, max_seqlen_q)
 
 
 def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, k_scale, v_scale, scale, window_left, window_right, softcap, rotary_interleaved,
-                 alibi_slopes, num_splits, out=None):
+                 alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=0, out=None):
     """_kvcache_fwd_impl, writing into `out` (checked by the caller) when it is given.
 
     The GPU kernels for 16-bit queries move 16-byte rows: q, out, k, v and the caches need
@@ -168,8 +242,16 @@ def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     call appends to is copied back whole (a cost of the cache's size per call, for layouts
     the kernels cannot address; the usual ones take no copy)."""
     _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes)
-    batch, seqlen_q, heads_q, head_dim = q.shape
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes, cu_seqlens_q, max_seqlen_q)
+    packed = cu_seqlens_q is not None
+    if packed:
+        batch, seqlen_q, (total_q, heads_q, head_dim) = cu_seqlens_q.numel() - 1, max_seqlen_q, q.shape
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+    if _CHECK_METADATA():
+        _check_metadata_on_host(batch, seqlen_q, q.shape[0] if packed else 0, cu_seqlens_q, cache_seqlens,
+                                0 if k is None else k.shape[1], k_cache.shape[0], k_cache.shape[1], block_table,
+                                cache_leftpad, cache_batch_idx)
     user_out, user_caches = out, (k_cache, v_cache)
     if _ops._vector_rows(q.device, q.dtype):
         vec = 16 if k_cache.dtype in _QUANT else 8
@@ -179,9 +261,10 @@ def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             out = None
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-    rotary_cos, rotary_sin, block_table = (None if x is None else x.contiguous()
-                                           for x in (rotary_cos, rotary_sin, block_table))
+    lse_shape = (heads_q, total_q) if packed else (batch, heads_q, seqlen_q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    rotary_cos, rotary_sin, block_table, cu_seqlens_q = (None if x is None else x.contiguous()
+                                                         for x in (rotary_cos, rotary_sin, block_table, cu_seqlens_q))
     cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes = (
         None if x is None else x.contiguous() for x in (cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes))
 
@@ -190,7 +273,11 @@ def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     p.dtype = _DTYPES[q.dtype]
     p.batch, p.seqlen_q, p.num_heads_q, p.head_dim = batch, seqlen_q, heads_q, head_dim
     p.num_heads_k = k_cache.shape[2]
-    p.q, p.out = _bshd(q), _bshd(out)
+    if packed:
+        p.q, p.out = _packed(q), _packed(out)
+        p.cu_seqlens_q, p.total_q = cu_seqlens_q.data_ptr(), total_q
+    else:
+        p.q, p.out = _bshd(q), _bshd(out)
     p.lse = lse.data_ptr()
     p.cache_dtype = _QUANT.get(k_cache.dtype, _DTYPES.get(k_cache.dtype, p.dtype))
     p.k_cache, p.v_cache = _bshd(k_cache), _bshd(v_cache)
@@ -236,9 +323,11 @@ kvcache_fwd = torch.library.custom_op("fmha::kvcache_fwd", mutates_args=("k_cach
 @kvcache_fwd.register_fake
 def _kvcache_fwd_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                       cache_leftpad, block_table, k_scale, v_scale, scale, window_left, window_right, softcap,
-                      rotary_interleaved, alibi_slopes, num_splits):
+                      rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=0):
     _check_cache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes)
+                      cache_leftpad, block_table, k_scale, v_scale, alibi_slopes, cu_seqlens_q, max_seqlen_q)
+    if cu_seqlens_q is not None:
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -253,7 +342,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                             v_scale: Optional[Tensor] = None, out: Optional[Tensor] = None,
                             q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
                             v_descale: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
-                            learnable_sink: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                            learnable_sink: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                            max_seqlen_q: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention of q (batch, seqlen, nheads, headdim) against a KV cache, flash-attn 2.x's
     semantics: k_cache/v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), or with
     block_table (batch, max_num_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -291,6 +381,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     and adds no value; softmax_lse includes it.  v_cache must have k_cache's head dim (a V
     head dim of its own is served by flash_attn_func and flash_attn_varlen_func).
 
+    Packed queries (keyword-only, FlashAttention-3's signature): with cu_seqlens_q (batch +
+    1,) int32 and max_seqlen_q (int), q is (total_q, nheads, headdim) and sequence b owns
+    rows cu_seqlens_q[b]:cu_seqlens_q[b + 1], any number of them (0 included), so one call
+    mixes prefill chunks and decode steps; each sequence's mask aligns bottom-right on its
+    own lengths (its last query row sees its last key).  The cache must already hold the
+    keys (k, v and rotary_cos/sin raise); out and softmax_lse are then (total_q, nheads,
+    headdim) and (nheads, total_q).
+
     Returns out (batch, seqlen, nheads, headdim), and softmax_lse (batch, nheads, seqlen)
     with return_softmax_lse.  Forward only (inference): when an input requires grad, out
     does too, and a backward through it raises instead of silently dropping attention's
@@ -300,7 +398,15 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     k, v = _checks.contiguous_last(k), _checks.contiguous_last(v)
     _checks._tensor(q, "q")
     _checks._tensor(k_cache, "k_cache")
-    k_scale, v_scale = _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale)
+    if (cu_seqlens_q is None) != (max_seqlen_q is None):
+        raise ValueError("cu_seqlens_q and max_seqlen_q must be given together (packed queries)")
+    if cu_seqlens_q is not None:
+        _checks._tensor(cu_seqlens_q, "cu_seqlens_q")
+        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
+        max_seqlen_q = _seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    else:
+        batch = q.shape[0]
+    k_scale, v_scale = _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale, batch)
     s_aux = _checks.sink(s_aux, learnable_sink, q)
     if out is not None:
         _checks.out_tensor(out, q.shape, q, (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
@@ -308,7 +414,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     if cache_seqlens is None:
         raise ValueError("cache_seqlens is required (the number of filled positions of each cache)")
     if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+        cache_seqlens = torch.full((max(batch, 0),), cache_seqlens, dtype=torch.int32, device=q.device)
     left, right = _checks.window(window_size, causal)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
@@ -323,27 +429,52 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, k_scale, v_scale, float(softmax_scale), left, right, float(softcap),
             bool(rotary_interleaved), alibi_slopes, num_splits)
-    user_out = out
+    if cu_seqlens_q is not None:
+        args += (cu_seqlens_q, max_seqlen_q)
+    eager = eager and (cu_seqlens_q is None or type(cu_seqlens_q) is Tensor)
+    out, lse = _run(args, eager, out, "flash_attn_with_kvcache", s_aux)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _run(args, eager: bool, user_out: Optional[Tensor], name: str, s_aux: Optional[Tensor] = None
+         ) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of the kvcache op on args (in _kvcache_fwd_impl's order), written into
+    user_out when given, with the attention sinks s_aux applied; forward-only: a backward
+    through out raises, naming `name`."""
+    packed = len(args) > 20 and args[20] is not None  # cu_seqlens_q: lse (nheads, total_q)
     if eager:
         out, lse = _kvcache_fwd(*args, out=user_out)  # writes into user_out when it is given
     else:
         out, lse = torch.ops.fmha.kvcache_fwd(*args)
     if s_aux is not None:  # forward only: the sink is applied to the result in place
         with torch.no_grad():
-            out, lse = _ops.apply_sink(out, lse, s_aux, varlen=False, in_place=True)
-    inputs = [x for x in (q, k_cache, v_cache, k, v, s_aux) if x is not None]
+            out, lse = _ops.apply_sink(out, lse, s_aux, varlen=packed, in_place=True)
+    inputs = [x for x in args[:5] + (s_aux,) if x is not None]  # q, k_cache, v_cache, k, v, s_aux
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         if out is user_out:  # written in place: the caller's tensor carries the forward-only node
-            out = _ForwardOnlyInPlace.apply(out, *inputs)
+            out = _ForwardOnlyInPlace.apply(out, name, *inputs)
         else:
-            out = _ForwardOnly.apply(out, *inputs)
+            out = _ForwardOnly.apply(out, name, *inputs)
     if user_out is not None and out is not user_out:  # traced: the op allocated its output
         user_out.copy_(out)
         out = user_out
-    return (out, lse) if return_softmax_lse else out
+    return out, lse
 
 
-def _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale):
+def _seqlen_arg(x, name: str) -> int:
+    """A max_seqlen argument: any integer >= 0 (a Python or numpy int, a 0-d integer tensor)."""
+    if isinstance(x, bool) or (isinstance(x, Tensor) and (x.numel() != 1 or x.is_floating_point())):
+        raise TypeError(f"{name} must be an int, got {x!r}")
+    try:
+        value = operator.index(x) if not isinstance(x, Tensor) else int(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale, batch=None):
     """k_scale, v_scale from FlashAttention-3's k_descale / v_descale (see
     flash_attn_with_kvcache); q_descale has no counterpart in fmha."""
     if q_descale is not None:
@@ -358,9 +489,10 @@ def _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale):
         raise ValueError("give the cache scales once: k_scale/v_scale or k_descale/v_descale, not both")
     if k_cache.dtype not in _QUANT:
         raise ValueError(f"k_descale/v_descale apply to float8_e4m3fn and int8 caches, not {k_cache.dtype}")
-    if q.dim() != 4 or k_cache.dim() != 4:
-        raise ValueError(f"q and k_cache must be 4-D, got shapes {tuple(q.shape)} and {tuple(k_cache.shape)}")
-    batch, heads_k = q.shape[0], k_cache.shape[2]
+    if q.dim() not in (3, 4) or k_cache.dim() != 4:
+        raise ValueError(f"q must be 4-D (3-D packed) and k_cache 4-D, got shapes {tuple(q.shape)} and "
+                         f"{tuple(k_cache.shape)}")
+    batch, heads_k = q.shape[0] if batch is None else batch, k_cache.shape[2]
     return (_checks.descale(k_descale, "k_descale", batch, heads_k, q),
             _checks.descale(v_descale, "v_descale", batch, heads_k, q))
 
@@ -370,11 +502,16 @@ class _ForwardOnly(torch.autograd.Function):
     fails loudly (the kernels have no backward)."""
 
     @staticmethod
-    def forward(ctx, out, *inputs):
+    def forward(ctx, out, name, *inputs):
+        ctx.name = name
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, *grads):
+        if ctx.name == "flash_attn_varlen_func":
+            raise RuntimeError("flash_attn_varlen_func with block_table (a paged KV cache) is forward-only "
+                               "(inference): it has no gradient for q or the caches; train on contiguous k and v "
+                               "(no block_table), or call it under torch.no_grad()")
         raise RuntimeError("flash_attn_with_kvcache is forward-only (inference): it has no gradient for q, k, v "
                            "or the caches; use flash_attn_func or flash_attn_varlen_func for training, or call it "
                            "under torch.no_grad()")
@@ -385,7 +522,8 @@ class _ForwardOnlyInPlace(torch.autograd.Function):
     itself gets the node whose backward raises."""
 
     @staticmethod
-    def forward(ctx, out, *inputs):
+    def forward(ctx, out, name, *inputs):
+        ctx.name = name
         ctx.mark_dirty(out)
         return out
 
@@ -438,3 +576,86 @@ def merge_attentions(outs: Union[Sequence[Tensor], Tensor], lses: Union[Sequence
     out = (weights.transpose(-1, -2).unsqueeze(-1) * outs.to(acc)).sum(dim=0)
     out = torch.where(empty.transpose(-1, -2).unsqueeze(-1), 0.0, out)
     return out.to(outs.dtype), torch.where(empty, -torch.inf, lse)
+
+
+def paged_varlen(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Optional[Tensor],
+                 seqused_k: Optional[Tensor], max_seqlen_q, max_seqlen_k, dropout_p: float,
+                 softmax_scale: Optional[float], causal: bool, window_size, softcap: float,
+                 alibi_slopes: Optional[Tensor], return_attn_probs: bool, block_table: Tensor, out: Optional[Tensor],
+                 return_softmax_lse: bool, num_splits: int, q_descale: Optional[Tensor],
+                 k_descale: Optional[Tensor], v_descale: Optional[Tensor], s_aux: Optional[Tensor] = None,
+                 learnable_sink: Optional[Tensor] = None):
+    """flash_attn_varlen_func over paged caches (block_table given): the kvcache op with
+    packed queries and no append.  See flash_attn_varlen_func.  As FA3 (and vLLM, which
+    passes them on every call): q_descale is checked and unused (q is never fp8), and
+    k_descale / v_descale scale 8-bit caches and are checked and unused for 16-bit ones."""
+    q = _checks.contiguous_last(q)
+    for name, x in (("q", q), ("k", k_cache), ("v", v_cache), ("block_table", block_table),
+                    ("cu_seqlens_q", cu_seqlens_q)):
+        _checks._tensor(x, name)
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D (total_q, nheads, headdim), got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4:
+        raise ValueError(f"with block_table, k and v are paged caches (num_blocks, page_size, nheads_k, headdim); "
+                         f"got k of shape {tuple(k_cache.shape)}")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must have shape (batch, max_num_blocks), got {tuple(block_table.shape)}")
+    batch = block_table.shape[0]
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_q must have shape ({batch + 1},) (batch + 1, batch = block_table.shape[0]), "
+                         f"got {tuple(cu_seqlens_q.shape)}")
+    if max_seqlen_q is None:
+        raise ValueError("max_seqlen_q is required (the most query rows of any sequence)")
+    max_seqlen_q = _seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    if max_seqlen_k is not None:
+        _seqlen_arg(max_seqlen_k, "max_seqlen_k")  # checked; the kernels bound keys by seqused_k and the table
+    if dropout_p != 0:
+        raise ValueError(f"dropout_p must be 0 with block_table (paged KV is forward-only inference), got {dropout_p}")
+    if seqused_k is None:
+        if cu_seqlens_k is None:
+            raise ValueError("with block_table, give seqused_k (batch,) int32 (the keys each sequence has in its "
+                             "pages) or cu_seqlens_k (batch + 1,)")
+        _checks._index_tensor(cu_seqlens_k, "cu_seqlens_k", batch + 1, q, "batch + 1")
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    else:
+        _checks._index_tensor(seqused_k, "seqused_k", batch, q, "batch")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be torch.int32, got {block_table.dtype}")
+    if k_cache.shape[1] % 16 != 0:
+        raise ValueError(f"page size (k.shape[1]) must be a multiple of 16, got {k_cache.shape[1]}")
+    if seqused_k.device.type == "cpu" and seqused_k.numel() and type(seqused_k) is Tensor:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        longest = int(seqused_k.max())
+        if longest > capacity:
+            b = int(seqused_k.argmax())
+            raise ValueError(f"seqused_k[{b}] = {longest} keys do not fit block_table's {block_table.shape[1]} "
+                             f"pages of {k_cache.shape[1]} positions ({capacity})")
+    if return_attn_probs and return_softmax_lse:
+        raise ValueError("return_softmax_lse and return_attn_probs cannot both be set: return_softmax_lse "
+                         "returns (out, softmax_lse), return_attn_probs (out, softmax_lse, S_dmask)")
+    from .flash_attn_interface import _varlen_descales
+    _varlen_descales(q, k_cache, cu_seqlens_q, q_descale, k_descale, v_descale)
+    if k_cache.dtype in _QUANT:
+        k_scale, v_scale = _descales(q, k_cache, None, None, None, k_descale, v_descale, batch)
+    else:
+        k_scale = v_scale = None
+    s_aux = _checks.sink(s_aux, learnable_sink, q)
+    if out is not None:
+        _checks.out_tensor(out, q.shape, q, (("q", q), ("k", k_cache), ("v", v_cache)))
+    left, right = _checks.window(window_size, causal)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 picks automatically, 1 never splits the keys), got "
+                         f"{num_splits!r}")
+    eager = not torch.compiler.is_compiling() and all(
+        x is None or type(x) is Tensor for x in (q, k_cache, v_cache, seqused_k, block_table, cu_seqlens_q, out))
+    args = (q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table, k_scale, v_scale,
+            float(softmax_scale), left, right, float(softcap), True, alibi_slopes, num_splits, cu_seqlens_q,
+            max_seqlen_q)
+    out, lse = _run(args, eager, out, "flash_attn_varlen_func", s_aux)
+    if return_softmax_lse:
+        return out, lse
+    if return_attn_probs:
+        return out, lse, torch.empty(0, dtype=q.dtype, device=q.device)
+    return out

@@ -247,6 +247,31 @@ def test_decode(arch, name):
     np.testing.assert_allclose(lse, rl, atol=1e-4, rtol=1e-5)
 
 
+PACKED_CASES = {
+    # prefill chunk, decode step and an empty sequence in one call; GQA 4:1, causal, 2 splits
+    "packed_causal_splits": (dict(dtype="bf16", cache="plain", B=3, Sq=5, Hq=8, Hk=2, D=64, cache_seqlens=[40, 23, 9],
+                                  window=(-1, 0), num_splits=2), [5, 1, 0]),
+    # paged fp8, per-token scales, a window, 3 splits
+    "packed_paged_fp8_window": (dict(dtype="fp16", cache="fp8", B=2, Sq=4, Hq=4, Hk=2, D=128, cache_seqlens=[50, 33],
+                                     page_size=16, scaling="token", window=(7, 0), num_splits=3), [4, 1]),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(PACKED_CASES))
+def test_decode_packed_queries(arch, name):
+    """cu_seqlens_q (flash_attn_varlen_func's paged call): each sequence's packed rows equal
+    the last rows of the fixed-length problem (bottom-right masks), its LSE likewise."""
+    kw, lens = PACKED_CASES[name]
+    c = L.DecodeCase(**kw)
+    out, lse, _ = L.decode(arch, c, packed=lens)
+    ro, rl = c.reference()
+    want_o = np.concatenate([ro[b, c.Sq - n:] for b, n in enumerate(lens)])
+    want_l = np.concatenate([rl[b, :, c.Sq - n:] for b, n in enumerate(lens)], axis=1)
+    close("out", out, want_o, c.dtype)
+    np.testing.assert_allclose(lse, want_l, atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("order", ["reverse", "roundrobin", "random"])
 def test_decode_under_other_wave_orders(order):
     c = L.DecodeCase(**DECODE_CASES["paged_fp8_token_splits"][0])

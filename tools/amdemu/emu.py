@@ -993,7 +993,8 @@ class Compiler:
                 if o.kind == "k":
                     # An inline constant or literal of a packed-f32 operand is a 32-bit
                     # value in the low dword; code selects it for both halves (op_sel_hi 0).
-                    if osel[j] or ohi[j]:
+                    # Zero reads as zero from either dword (v_pk_mov_b32 v[6:7], 0, 0).
+                    if (osel[j] or ohi[j]) and const_value(o.k, 32, False) != 0:
                         raise Unsupported(f"the high dword of a constant operand: {ins.text}")
                     srcs.append(vsrc(o, "b32"))
                 else:

@@ -441,7 +441,8 @@ class DecodeParams(C.Structure):
                 ("seqlen_ro", C.c_int32), ("rotary_interleaved", C.c_int32), ("scale", C.c_float),
                 ("softcap", C.c_float), ("window_left", C.c_int32), ("window_right", C.c_int32),
                 ("alibi_slopes", C.c_uint64), ("alibi_batch_stride", C.c_int64), ("num_splits", C.c_int32),
-                ("workspace", C.c_uint64), ("workspace_size", C.c_uint64)]
+                ("workspace", C.c_uint64), ("workspace_size", C.c_uint64), ("cu_seqlens_q", C.c_uint64),
+                ("total_q", C.c_int32)]
 
 
 def fp8_e4m3_to_float(b):
@@ -590,21 +591,27 @@ class DecodeCase:
         return out, lse
 
 
-def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
+def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0, packed=None):
     """decode.hip's path for fp16/bf16 queries without appended tokens: decode_kernel with
-    c.num_splits splits, then decode_combine_kernel when there are several."""
+    c.num_splits splits, then decode_combine_kernel when there are several.  packed: query
+    rows per sequence (each <= c.Sq): the last packed[b] rows of c.q[b], packed as
+    (total_q, Hq, D) with cu_seqlens_q (bottom-right masks make them the same problem's last
+    rows); out is then (total_q, Hq, D) and lse (Hq, total_q)."""
     r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
     mem = r.mem
     B, Sq, Hq, Hk, D = c.B, c.Sq, c.Hq, c.Hk, c.D
-    pq = mem.array(to_bits(c.q, c.dtype), "q")
+    q_host = c.q if packed is None else np.concatenate([c.q[b, Sq - n:] for b, n in enumerate(packed)])
+    total_q = q_host.shape[0]
+    pq = mem.array(to_bits(q_host, c.dtype), "q")
     es = ESIZE[c.dtype]
-    po = mem.alloc(c.q.size * es, "out")
-    plse = mem.alloc(B * Hq * Sq * 4, "lse")
+    po = mem.alloc(max(q_host.size * es, 4), "out")
+    lse_rows = B * Hq * Sq if packed is None else Hq * total_q
+    plse = mem.alloc(max(lse_rows * 4, 4), "lse")
     quant = c.cache != "plain"
     pk, pv = mem.array(c.kc, "k_cache"), mem.array(c.vc, "v_cache")
     outer, rows = c.kc.shape[0], c.kc.shape[1]
     ct = lambda a: Tensor(a, rows * Hk * D, Hk * D, D)
-    qt = lambda a: Tensor(a, Sq * Hq * D, Hq * D, D)
+    qt = lambda a: Tensor(a, Sq * Hq * D if packed is None else 0, Hq * D, D)
     pbt = mem.array(c.block_table, "block_table") if c.block_table is not None else 0
     plen = mem.array(np.asarray(c.seqlens, np.int32), "cache_seqlens")
     plp = mem.array(np.asarray(c.leftpad, np.int32), "cache_leftpad") if c.leftpad else 0
@@ -612,7 +619,7 @@ def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
     pvs = mem.array(c.vs, "v_scale") if quant else 0
     pal = mem.array(c.alibi, "alibi") if c.alibi is not None else 0
     splits = 1 if c.dtype == "fp32" else min(c.num_splits, 128)  # DecodePlan::make
-    nrows = B * Hq * Sq * splits
+    nrows = lse_rows * splits
     al = lambda x: (x + 255) // 256 * 256
     o_bytes, lse_bytes = (al(nrows * D * 4), al(nrows * 4)) if splits > 1 else (0, 0)
     ws = mem.alloc(max(o_bytes + lse_bytes, 4), "workspace")
@@ -629,6 +636,9 @@ def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
                      nt(pkn) if Sn else Tensor(0, 0, 0, 0), nt(pvn) if Sn else Tensor(0, 0, 0, 0), Sn, pcos, psin,
                      c.rotary_dim, c.seqlen_ro if c.rotary_dim else 0, int(c.interleaved), c.scale, c.softcap,
                      c.window[0], c.window[1], pal, 0, c.num_splits, ws, o_bytes + lse_bytes)
+    if packed is not None:
+        p.cu_seqlens_q = mem.array(np.concatenate([[0], np.cumsum(packed)]).astype(np.int32), "cu_seqlens_q")
+        p.total_q = total_q
     pb = bytes(p)
     if Sn:
         elem = {"plain": "S2_" if c.dtype != "fp32" else "f", "fp8": "h", "int8": "a"}[c.cache]
@@ -641,18 +651,19 @@ def decode(arch, c, order="sequential", patch=None, wg_order="forward", seed=0):
         r.launch("decode", f"decode_rowwise_kernelI{elem}E", ((Sq + ROW_WAVES - 1) // ROW_WAVES, Hq, B), (256, 1, 1),
                  pb)
     else:
-        r.launch(f"decode_{c.dtype}_{c.cache}_hdim{hd}", "decode_kernel", (splits, Hk * m_tiles, B), (256, 1, 1),
+        r.launch(f"decode_{c.dtype}_{c.cache}_hdim{hd}", "decode_kernel", (splits * m_tiles, Hk, B), (256, 1, 1),
                  pb + struct.pack("<QQi", ws, ws + o_bytes, splits))
     if splits > 1 and c.dtype != "fp32":
         parts = 1
         while parts < 8 and 2 * parts < splits:
             parts *= 2
         parts = min(parts, 4)
-        rows_out = B * Hq * Sq
+        rows_out = lse_rows
         r.launch("decode", f"decode_combine_kernelIN{_tname(c.dtype)}", ((rows_out * parts + 3) // 4, 1, 1),
                  (256, 1, 1), pb + struct.pack("<QQii", ws, ws + o_bytes, splits, parts))
-    out = from_bits(mem.read(po, c.q.size * es, BITS[c.dtype]), c.dtype).reshape(c.q.shape)
-    lse = mem.read(plse, B * Hq * Sq * 4, np.float32).reshape(B, Hq, Sq)
+    out = from_bits(mem.read(po, q_host.size * es, BITS[c.dtype]), c.dtype).reshape(q_host.shape)
+    lse = mem.read(plse, lse_rows * 4, np.float32)
+    lse = lse.reshape(B, Hq, Sq) if packed is None else lse.reshape(Hq, total_q)
     # the cache as the kernels left it (values before scaling) and the scales
     kb, vb = mem.read(pk, c.kc.nbytes, c.kc.dtype).reshape(c.kc.shape), mem.read(pv, c.vc.nbytes, c.vc.dtype).reshape(
         c.vc.shape)

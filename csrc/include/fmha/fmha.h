@@ -31,7 +31,7 @@
  *  - The library never synchronizes a stream and never allocates device memory: the
  *    backward pass asks for its workspace with fmha_bwd_workspace_size().
  *  - GPU launches go to the calling thread's current device; the stream must belong to it.
- *    Metadata in device memory (cu_seqlens, seqused_k) is not read on the host: GPU kernels
+ *    Metadata in device memory (cu_seqlens, seqused_k, block tables) is not read on the host: GPU kernels
  *    clamp every length to the tensor bounds they were given instead.  The CPU backend
  *    reads it and rejects inconsistent values.
  */
@@ -218,6 +218,19 @@ typedef struct fmha_decode_params {
   int32_t num_splits; /* split-KV count; 0 picks one */
   void* workspace;    /* device memory of fmha_decode_workspace_size() bytes */
   size_t workspace_size;
+
+  /* Fields below were appended after the first layout; a caller built against an older
+   * fmha.h passes a smaller struct_size and they read as 0 (NULL).
+   *
+   * Packed queries (FlashAttention-3's cu_seqlens_q; vLLM's paged varlen call): q and out
+   * are (total_q, Hq, D) with batch_stride ignored, sequence b owning rows
+   * cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (Sq_b of them, at most seqlen_q, which is
+   * then max_seqlen_q); LSE is (Hq, total_q).  Each sequence's mask aligns bottom-right on
+   * its own lengths (off = Sk_b - Sq_b), so one call mixes prefill chunks and decode steps.
+   * Needs seqlen_new = 0 and rotary_dim = 0 (no append, no rotary).  Device-resident
+   * cu_seqlens_q is clamped to [0, total_q] and each Sq_b to [0, seqlen_q] on the GPU. */
+  const int32_t* cu_seqlens_q; /* optional (B + 1) row offsets into q and out */
+  int32_t total_q;             /* rows of the packed q and out (with cu_seqlens_q) */
 } fmha_decode_params;
 
 /* Feature bits of fmha_capabilities.features. */

@@ -21,7 +21,7 @@ import torch
 
 import fmha
 
-from . import context_parallel, decode, memory, model, report, timing
+from . import context_parallel, decode, memory, model, paged_prefill, report, timing
 from .peers import Case, peers
 
 _OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryError since 2.5
@@ -128,7 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--suites", default="training,decode,memory",
                     help="comma-separated: training, decode, memory, model (one training step of a Llama-shaped "
                          "transformers model, attention by fmha and by transformers' others; needs transformers), "
-                         "context_parallel (zigzag ring attention over the visible GPUs, simulated on one)")
+                         "context_parallel (zigzag ring attention over the visible GPUs, simulated on one), "
+                         "paged_prefill (chunked prefill over a paged cache against the same work on contiguous "
+                         "varlen tensors)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
@@ -234,6 +236,35 @@ def main(argv=None) -> int:
             results.append(row)
             _checkpoint(args.out, meta, results)
 
+    if "paged_prefill" in suites:
+        tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+        ppeers = paged_prefill.peers(device)
+        for case in _progress(paged_prefill.cases(device, args.quick), "paged prefill"):
+            err = paged_prefill.check_fmha(case, device, dtype)
+            if not err < tol:
+                print(f"fmha's paged prefill differs from its contiguous varlen result for {case.label()}: "
+                      f"relative difference {err:.2e}; no timings printed", file=sys.stderr)
+                return 1
+            row = {"suite": "paged_prefill", "case": case.label(), "batch": case.batch, "context": case.context,
+                   "chunk": case.chunk, "page": case.page, "fmha_rel_err": err, "ms": {}, "tflops": {},
+                   "skipped": {}}
+            for peer in ppeers:
+                reason = peer.unsupported(case)
+                if reason is None:
+                    try:
+                        ms = paged_prefill.run_case(peer, case, device, dtype, budget)
+                        row["ms"][peer.name], row["tflops"][peer.name] = ms, case.flops() / (ms * 1e-3) / 1e12
+                        continue
+                    except (RuntimeError, _OOM) as e:
+                        reason = str(e).splitlines()[0][:80]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                row["skipped"][peer.name] = reason
+            if "fmha-paged" in row["ms"] and "fmha-contiguous" in row["ms"]:
+                row["paged_over_contiguous"] = row["ms"]["fmha-paged"] / row["ms"]["fmha-contiguous"]
+            results.append(row)
+            _checkpoint(args.out, meta, results)
+
     if "memory" in suites and device.type == "cuda":
         mem_peers = [p for p in all_peers if p.name in ("fmha", "torch-flash", "torch-efficient", "torch-cudnn",
                                                          "torch-math")]
@@ -287,6 +318,7 @@ def main(argv=None) -> int:
         f.write(table)
     print(report.terminal(payload))
     print(report.decode_terminal(payload))
+    print(report.paged_prefill_terminal(payload))
     print(report.memory_terminal(payload))
     print(report.model_terminal(payload))
     print(context_parallel.terminal(payload))

@@ -44,6 +44,13 @@ def markdown(payload) -> str:
         lines += ["", f"## Decode: K/V read bandwidth, GB/s (device copy: {m['copy_gbps']:.0f} GB/s)", "",
                   "| " + " | ".join(dh) + " |", "|" + "---|" * len(dh)]
         lines += ["| " + " | ".join(r) + " |" for r in drows]
+    ph, prows = _paged_prefill_rows(payload)
+    if prows:
+        lines += ["", "## Chunked prefill over a paged cache (flash_attn_varlen_func with block_table)", "",
+                  "`paged / contiguous` is fmha's paged time over its time for the same work on contiguous varlen "
+                  "tensors (1.00 = no cost for paging).", "",
+                  "| " + " | ".join(ph) + " |", "|" + "---|" * len(ph)]
+        lines += ["| " + " | ".join(r) + " |" for r in prows]
     eh, erows = _model_rows(payload)
     if erows:
         lines += ["", "## End to end: one training step (forward, loss, backward)", "",
@@ -117,6 +124,32 @@ def _decode_rows(payload):
             cells.append(f"{r['ms'][n] / r['ms']['fmha']:.2f}x" if "fmha" in r["ms"] and n in r["ms"] else "-")
         rows.append(cells)
     return header, rows
+
+
+def _paged_prefill_rows(payload):
+    rows_in = [r for r in payload["results"] if r["suite"] == "paged_prefill"]
+    if not rows_in:
+        return [], []
+    names = []
+    for r in rows_in:
+        for n in list(r["ms"]) + list(r["skipped"]):
+            if n not in names:
+                names.append(n)
+    header = ["shape"] + [f"{n} ms" for n in names] + [f"{n} TFLOP/s" for n in names] + ["paged / contiguous"]
+    rows = []
+    for r in rows_in:
+        cells = [r["case"]] + [f"{r['ms'][n]:.3f}" if n in r["ms"] else "-" for n in names]
+        cells += [f"{r['tflops'][n]:.1f}" if n in r["tflops"] else "-" for n in names]
+        cells.append(f"{r['paged_over_contiguous']:.2f}" if "paged_over_contiguous" in r else "-")
+        rows.append(cells)
+    return header, rows
+
+
+def paged_prefill_terminal(payload) -> str:
+    header, rows = _paged_prefill_rows(payload)
+    notes = sorted({f"{n}: {why}" for r in payload["results"] if r["suite"] == "paged_prefill"
+                    for n, why in r["skipped"].items() if why})
+    return (_table(header, rows) + ("\n" + "\n".join(notes) if notes else "")) if rows else ""
 
 
 def _table(header, rows) -> str:
