@@ -130,8 +130,10 @@ def test_paged_varlen_8bit_cache(device, qdtype, descale):
                                      vs.reshape(1).expand(hk), causal=True)
         k_descale, v_descale = ks, vs
     else:  # vLLM's (batch, nheads_k) view of one row
-        k_descale, v_descale = ks[None].expand(len(seqs), hk), vs[None].expand(len(seqs), hk)
+        k_descale, v_descale = ks, vs
     q_, kq_, vq_, table_, cu_q_, lens_k_, kd_, vd_ = on(device, q, kq, vq, table, cu_q, lens_k, k_descale, v_descale)
+    if descale == "expanded":  # expanded where it lives: a copy to the device would give each row its own storage
+        kd_, vd_ = kd_[None].expand(len(seqs), hk), vd_[None].expand(len(seqs), hk)
     out, lse = fmha.flash_attn_varlen_func(q_, kq_, vq_, cu_q_, max_seqlen_q=8, seqused_k=lens_k_, causal=True,
                                            block_table=table_, k_descale=kd_, v_descale=vd_, return_softmax_lse=True)
     assert_close(out, out_ref, 4 * OUT_TOL[dtype], "8-bit out")
@@ -265,6 +267,9 @@ ERRORS = [
 
 @pytest.mark.parametrize("what,over,exc,match", ERRORS, ids=[e[0] for e in ERRORS])
 def test_paged_varlen_errors(device, what, over, exc, match):
+    if what == "table too narrow" and device != "cpu":
+        pytest.skip("read only when seqused_k is on the host; device-resident metadata is clamped "
+                    "(test_gpu_metadata_is_clamped) or checked by FMHA_CHECK_METADATA=1")
     a = _args()
     a.update(over(a))
     a = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in a.items()}

@@ -357,7 +357,9 @@ def test_kvcache_compile_fullgraph(device):
 
     eager = step(q, kc, vc, lengths, s)
     compiled = torch.compile(step, fullgraph=True)(q, kc, vc, lengths, s)
-    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    # The compiled sink correction may fuse and round differently from the eager one.
+    assert_close(compiled[0], eager[0], 1e-6, "compiled out")
+    assert_close(compiled[1], eager[1], 1e-6, "compiled lse")
     ref_out, ref_lse = attention_ref(q.cpu(), kc.cpu(), vc.cpu(), seqused_k=lengths.cpu(), s_aux=s.cpu())
     assert_close(compiled[0].cpu(), ref_out, OUT_TOL[torch.float32], "out")
     assert_lse_close(compiled[1].cpu(), ref_lse, LSE_TOL[torch.float32])
