@@ -97,6 +97,20 @@ def test_packed_sequences(device, kind):
     _assert_close(got, want, _tol(device), f"{kind} packed logits")
 
 
+def test_restarts_answer_follows_the_tensor_and_its_version():
+    # The packed-sequence check is read back once per position-id tensor (every layer gets
+    # the same one): a new tensor, or the same one written in place, is checked again.
+    plain = torch.arange(8).unsqueeze(0)
+    assert not fmha_hf._restarts(plain, 1)
+    assert not fmha_hf._restarts(plain, 1)
+    plain[0, 4:] = torch.arange(4)  # in place: now two sequences
+    assert fmha_hf._restarts(plain, 1)
+    packed = torch.cat([torch.arange(3), torch.arange(5)]).unsqueeze(0)
+    assert fmha_hf._restarts(packed, 1)
+    assert not fmha_hf._restarts(torch.arange(8).unsqueeze(0), 1)
+    assert not fmha_hf._restarts(packed, 2)  # a batch of two rows is never packed
+
+
 def test_precomputed_cu_seq_lens(device):
     # Sequence boundaries from cu_seq_lens alone: the position ids run on across the
     # boundary (so they do not mark it), and the reference gives each sequence those ids.

@@ -30,6 +30,8 @@ ValueError that says so.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..bert_padding import pad_input, unpad_input
@@ -68,11 +70,23 @@ def _target_dtype(query: torch.Tensor, module: torch.nn.Module):
     return None
 
 
+# The last answer of _restarts: (a weak reference to the position ids, their version, the
+# answer).  Every layer of a forward pass gets the same position-id tensor; reading the answer
+# back costs a device synchronization, once per pass with this, not once per layer.
+_last_restarts: tuple = (None, -1, False)
+
+
 def _restarts(position_ids: torch.Tensor | None, batch: int) -> bool:
     """True when one row of position ids holds several sequences (the ids restart)."""
+    global _last_restarts
     if position_ids is None or batch != 1 or position_ids.shape[-1] < 2:
         return False
-    return bool((position_ids[..., 1:] <= position_ids[..., :-1]).any())
+    ref, version, answer = _last_restarts
+    if ref is not None and ref() is position_ids and version == position_ids._version:
+        return answer
+    answer = bool((position_ids[..., 1:] <= position_ids[..., :-1]).any())
+    _last_restarts = (weakref.ref(position_ids), position_ids._version, answer)
+    return answer
 
 
 def _cu_seqlens_from_positions(position_ids: torch.Tensor):
