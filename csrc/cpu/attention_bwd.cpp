@@ -40,7 +40,7 @@ void bwd(const fmha_bwd_params& p) {
   });
 
   // dQ, dK, dV: one work item per (sequence, KV head).
-  const KeyRowsF32 keys(pr, p.k), values(pr, p.v);
+  const KeyRowsF32 keys(pr, p.k, ThreadScratch::kKeys), values(pr, p.v, ThreadScratch::kValues);
   parallel_for((int64_t)pr.batch * pr.num_heads_k, [&](int64_t item) {
     const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
     const Sequence seq = Sequence::get(pr, b);

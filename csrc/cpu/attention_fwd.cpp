@@ -73,7 +73,7 @@ void fwd(const fmha_fwd_params& p) {
   // fp32 rows of K and V for the vector kernels and for the probability output.
   const bool need_f32 = !amx || p.probs.data != nullptr;
   const fmha_problem none{};
-  const KeyRowsF32 keys(need_f32 ? pr : none, p.k), values(need_f32 ? pr : none, p.v);
+  const KeyRowsF32 keys(need_f32 ? pr : none, p.k, ThreadScratch::kKeys), values(need_f32 ? pr : none, p.v, ThreadScratch::kValues);
   const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
   const int64_t items = (int64_t)pr.batch * pr.num_heads_q * row_blocks;
   parallel_for(items, [&](int64_t item) {

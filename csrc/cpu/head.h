@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <vector>
 
 #include "../common/dropout.h"
@@ -24,6 +25,43 @@ constexpr int kRowBlock = 32;
 constexpr int kKeyBlock = 64;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Memory that a thread keeps from call to call, 64-byte aligned and not cleared: a profile at
+// B = 8, S = 128 spent 14% of the forward clearing fresh pages and buffers on every call.
+// One per use that may be alive at the same time on one thread (the calling thread both
+// holds the fp32 K and V copies and runs work items).
+class ThreadScratch {
+ public:
+  enum Slot { kKeys, kValues, kTile, kGrads, kSlots };
+  static ThreadScratch& get(Slot slot) {
+    static thread_local ThreadScratch scratch[kSlots];
+    return scratch[slot];
+  }
+  // At least `bytes` bytes; the contents are undefined.
+  void* reserve(size_t bytes) {
+    if (bytes > size_) {
+      release();
+      p_ = ::operator new(bytes, std::align_val_t(64));
+      size_ = bytes;
+    }
+    return p_;
+  }
+  // Gives the memory back if it holds more than `keep` bytes (one large call should not
+  // pin its copies for the life of the thread).
+  void trim(size_t keep) {
+    if (size_ > keep) release();
+  }
+  ~ThreadScratch() { release(); }
+
+ private:
+  void release() {
+    if (p_) ::operator delete(p_, std::align_val_t(64));
+    p_ = nullptr;
+    size_ = 0;
+  }
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
 
 // Dot product with eight independent partial sums, which the compiler vectorizes without
 // -ffast-math; the summation order is fixed, so results do not depend on threads.
@@ -152,17 +190,23 @@ void attend_row(const float* q, const float* K, const float* V, int32_t k0, int3
 // fall into a few L1 sets and evict each other; the copy costs one pass over k and v
 // against the S / kBlockM passes of the kernels.
 struct KeyRowsF32 {
-  std::vector<float> storage;
+  float* storage;
+  ThreadScratch& scratch;
   int64_t head_rows;  // rows per KV head: seqlen_k, or total_k in varlen mode
   int D, heads;
   bool varlen;
 
-  KeyRowsF32(const fmha_problem& p, const fmha_tensor& t)
-      : head_rows(p.cu_seqlens_k != nullptr ? p.total_k : p.seqlen_k),
+  // The rows live in the calling thread's scratch `slot`, kept for the next call up to
+  // kKeepBytes.  Rows outside every sequence are left unwritten: no kernel reads them.
+  static constexpr size_t kKeepBytes = size_t(64) << 20;
+
+  KeyRowsF32(const fmha_problem& p, const fmha_tensor& t, ThreadScratch::Slot slot)
+      : scratch(ThreadScratch::get(slot)),
+        head_rows(p.cu_seqlens_k != nullptr ? p.total_k : p.seqlen_k),
         D(p.head_dim),
         heads(p.num_heads_k),
         varlen(p.cu_seqlens_k != nullptr) {
-    storage.resize((size_t)((varlen ? 1 : p.batch) * heads * head_rows * D));
+    storage = static_cast<float*>(scratch.reserve(sizeof(float) * (size_t)((varlen ? 1 : p.batch) * heads * head_rows * D)));
     parallel_for((int64_t)p.batch * heads, [&](int64_t item) {
       const int32_t b = (int32_t)(item / heads), hk = (int32_t)(item % heads);
       const Sequence seq = Sequence::get(p, b);
@@ -170,10 +214,13 @@ struct KeyRowsF32 {
       for (int32_t j = 0; j < seq.k_rows; ++j) load_row(p.dtype, t.data, seq.k_offset(t, j, hk), D, dst + (int64_t)j * D);
     });
   }
+  ~KeyRowsF32() { scratch.trim(kKeepBytes); }
+  KeyRowsF32(const KeyRowsF32&) = delete;
+  KeyRowsF32& operator=(const KeyRowsF32&) = delete;
   // Row 0 of (sequence, KV head); row j is j * stride() floats from it.
   const float* rows(const Sequence& seq, int32_t hk) const {
     const int64_t row0 = varlen ? (int64_t)hk * head_rows + seq.k_row0 : ((int64_t)seq.batch * heads + hk) * head_rows;
-    return storage.data() + row0 * D;
+    return storage + row0 * D;
   }
   int64_t stride() const { return D; }
 };
