@@ -39,13 +39,15 @@ void bwd(const fmha_bwd_params& p) {
     }
   });
 
-  // dQ, dK, dV: one work item per (sequence, KV head).
-  const KeyRowsF32 keys(pr, p.k, ThreadScratch::kKeys), values(pr, p.v, ThreadScratch::kValues);
+  // dQ, dK, dV: one work item per (sequence, KV head), on its own fp32 copy of K and V.
   parallel_for((int64_t)pr.batch * pr.num_heads_k, [&](int64_t item) {
     const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
     const Sequence seq = Sequence::get(pr, b);
-    FMHA_CPU_ISA_CALL(bwd_head, p, b, hk, keys.rows(seq, hk), keys.stride(), values.rows(seq, hk),
-                      values.stride(), delta.data());
+    const float* keys = key_rows_f32(pr, seq, p.k, hk, 0, seq.k_rows, ThreadScratch::kItemKeys);
+    const float* values = key_rows_f32(pr, seq, p.v, hk, 0, seq.k_rows, ThreadScratch::kItemValues);
+    FMHA_CPU_ISA_CALL(bwd_head, p, b, hk, keys, D, values, D, delta.data());
+    ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+    ThreadScratch::get(ThreadScratch::kItemValues).trim(KeyRowsF32::kKeepBytes);
   });
 
   // Varlen rows outside every sequence get zero gradients.

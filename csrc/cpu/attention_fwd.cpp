@@ -70,50 +70,69 @@ void fwd(const fmha_fwd_params& p) {
 #else
   const bool amx = false;
 #endif
-  // fp32 rows of K and V for the vector kernels and for the probability output.
-  const bool need_f32 = !amx || p.probs.data != nullptr;
+  // fp32 rows of K and V for the probability output (the kernels copy their own).
   const fmha_problem none{};
-  const KeyRowsF32 keys(need_f32 ? pr : none, p.k, ThreadScratch::kKeys), values(need_f32 ? pr : none, p.v, ThreadScratch::kValues);
+  const KeyRowsF32 keys(p.probs.data ? pr : none, p.k, ThreadScratch::kKeys);
+  // A work item is a run of up to kChunk query blocks of one head, which copies the keys
+  // they see to fp32 once (key_rows_f32); fewer blocks per item where that leaves fewer
+  // than two items per thread.
+  constexpr int64_t kChunk = 8;
   const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
-  const int64_t items = (int64_t)pr.batch * pr.num_heads_q * row_blocks;
-  parallel_for(items, [&](int64_t item) {
+  const int64_t heads = (int64_t)pr.batch * pr.num_heads_q;
+  int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kChunk, row_blocks));
+  while (chunk > 1 && heads * ceil_div(row_blocks, chunk) < 2 * (int64_t)num_threads()) chunk = (chunk + 1) / 2;
+  const int64_t chunks = ceil_div(row_blocks, chunk);
+  parallel_for(heads * chunks, [&](int64_t item) {
     // Later query blocks see more keys under a causal mask: hand them out first.
-    const int32_t rb = (int32_t)(row_blocks - 1 - item % row_blocks);
-    const int32_t h = (int32_t)((item / row_blocks) % pr.num_heads_q);
-    const int32_t b = (int32_t)(item / (row_blocks * pr.num_heads_q));
+    const int32_t cb = (int32_t)(chunks - 1 - item % chunks);
+    const int32_t h = (int32_t)((item / chunks) % pr.num_heads_q);
+    const int32_t b = (int32_t)(item / (chunks * pr.num_heads_q));
     const Head hd(pr, b, h);
-    const int32_t i0 = rb * block;
-    const int32_t i1 = std::min<int32_t>(i0 + block, pr.seqlen_q);
-    const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of this block inside the sequence
-    float lse_rows[kMaxTileRows];
-    if (i0 < ie) {
-      auto load_q = [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); };
-      auto store_out = [&](int r, const float* src, float lse) {
-        store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i0 + r, h), D, src);
-        if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
-        lse_rows[r] = lse;
-      };
+    const int32_t rb0 = (int32_t)(cb * chunk), rb1 = (int32_t)std::min<int64_t>(rb0 + chunk, row_blocks);
+    // Keys [kb, ke) that the chunk's rows inside the sequence see, as fp32 rows.
+    const int32_t ib = rb0 * block, iend = std::min<int32_t>(rb1 * block, hd.seq.len_q);
+    const int32_t kb = ib < iend ? hd.geom.key_begin(ib) : 0, ke = ib < iend ? std::max(kb, hd.geom.key_end(iend)) : 0;
+    const float* krows = nullptr;
+    const float* vrows = nullptr;
+    if (!amx && kb < ke) {
+      krows = key_rows_f32(pr, hd.seq, p.k, hd.hk, kb, ke, ThreadScratch::kItemKeys);
+      vrows = key_rows_f32(pr, hd.seq, p.v, hd.hk, kb, ke, ThreadScratch::kItemValues);
+    }
+    for (int32_t rb = rb0; rb < rb1; ++rb) {
+      const int32_t i0 = rb * block;
+      const int32_t i1 = std::min<int32_t>(i0 + block, pr.seqlen_q);
+      const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of this block inside the sequence
+      float lse_rows[kMaxTileRows];
+      if (i0 < ie) {
+        auto load_q = [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); };
+        auto store_out = [&](int r, const float* src, float lse) {
+          store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i0 + r, h), D, src);
+          if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
+          lse_rows[r] = lse;
+        };
 #if FMHA_CPU_X86_SECTIONS
-      if (amx) {
-        avx512::fwd_block_amx(
-            tile_head(hd), packed[(size_t)b * pr.num_heads_k + hd.hk], D, i0, ie - i0,
-            [&](int r) { return static_cast<const uint16_t*>(p.q.data) + hd.seq.q_offset(p.q, i0 + r, h); },
-            [&](int r) { return static_cast<uint16_t*>(p.out.data) + hd.seq.q_offset(p.out, i0 + r, h); },
-            [&](int r, float lse) {
-              if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
-              lse_rows[r] = lse;
-            });
-      } else
+        if (amx) {
+          avx512::fwd_block_amx(
+              tile_head(hd), packed[(size_t)b * pr.num_heads_k + hd.hk], D, i0, ie - i0,
+              [&](int r) { return static_cast<const uint16_t*>(p.q.data) + hd.seq.q_offset(p.q, i0 + r, h); },
+              [&](int r) { return static_cast<uint16_t*>(p.out.data) + hd.seq.q_offset(p.out, i0 + r, h); },
+              [&](int r, float lse) {
+                if (p.lse) p.lse[hd.seq.lse_index(pr, i0 + r, h)] = lse;
+                lse_rows[r] = lse;
+              });
+        } else
 #endif
-      {
-        FMHA_CPU_ISA_CALL(fwd_block, tile_head(hd), keys.rows(hd.seq, hd.hk), keys.stride(),
-                          values.rows(hd.seq, hd.hk), values.stride(), 0, D, i0, ie - i0, load_q, store_out);
+        {
+          FMHA_CPU_ISA_CALL(fwd_block, tile_head(hd), krows, D, vrows, D, kb, D, i0, ie - i0, load_q, store_out);
+        }
+      }
+      if (p.probs.data) {
+        std::vector<float> q, row;
+        for (int32_t i = i0; i < i1; ++i) probs_row(p, hd, keys, i, i < ie ? lse_rows[i - i0] : -INFINITY, q, row);
       }
     }
-    if (p.probs.data) {
-      std::vector<float> q, row;
-      for (int32_t i = i0; i < i1; ++i) probs_row(p, hd, keys, i, i < ie ? lse_rows[i - i0] : -INFINITY, q, row);
-    }
+    ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+    ThreadScratch::get(ThreadScratch::kItemValues).trim(KeyRowsF32::kKeepBytes);
   });
   if (pr.cu_seqlens_q != nullptr && pr.batch > 0) {
     for (int32_t r : rows_outside_sequences(pr.cu_seqlens_q, pr.batch, pr.total_q)) {
