@@ -43,30 +43,8 @@ void fwd(const fmha_fwd_params& p) {
   const int D = pr.head_dim;
   const int block = tile_rows();
 #if FMHA_CPU_X86_SECTIONS
-  // bf16 on AMX tiles where the CPU has them (amx.inc); K and V packed once per KV head.
+  // bf16 on AMX tiles where the CPU has them (amx.inc), K and V packed by each work item.
   const bool amx = pr.dtype == FMHA_DTYPE_BFLOAT16 && D % 32 == 0 && amx_bf16();
-  std::vector<avx512::AmxKeys> packed(amx ? (size_t)pr.batch * pr.num_heads_k : 0);
-  if (amx) {
-    // The packs live in a buffer kept by the calling thread from call to call (a profile
-    // at S = 128 showed fresh pages being cleared for them on every call).
-    static thread_local std::vector<uint32_t> scratch;
-    std::vector<size_t> offset(packed.size() + 1, 0);
-    for (size_t item = 0; item < packed.size(); ++item) {
-      const Sequence seq = Sequence::get(pr, (int32_t)(item / pr.num_heads_k));
-      offset[item + 1] = offset[item] + avx512::AmxKeys::words(seq.len_k, D);
-    }
-    if (scratch.size() < offset.back()) scratch.resize(offset.back());
-    uint32_t* mem = scratch.data();  // (scratch itself names each worker's own, empty, buffer)
-    parallel_for((int64_t)packed.size(), [&](int64_t item) {
-      const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
-      const Sequence seq = Sequence::get(pr, b);
-      const uint16_t* k = static_cast<const uint16_t*>(p.k.data);
-      const uint16_t* v = static_cast<const uint16_t*>(p.v.data);
-      packed[(size_t)item].pack(
-          seq.len_k, D, [&](int32_t j) { return k + seq.k_offset(p.k, j, hk); },
-          [&](int32_t j) { return v + seq.k_offset(p.v, j, hk); }, mem + offset[(size_t)item]);
-    });
-  }
 #else
   const bool amx = false;
 #endif
@@ -98,6 +76,22 @@ void fwd(const fmha_fwd_params& p) {
     const float* krows = nullptr;
     const float* vrows = nullptr;
     int64_t ks = D;
+#if FMHA_CPU_X86_SECTIONS
+    // The AMX kernel's packs of keys [0, ke) (AmxKeys indexes them from key 0), made here
+    // so that they stay in L2 (packed once per call up front, they took 17% of the bf16
+    // forward at S = 128 and went out to L3 and back).
+    avx512::AmxKeys packed;
+    if (amx && kb < ke) {
+      const uint16_t* k = static_cast<const uint16_t*>(p.k.data);
+      const uint16_t* v = static_cast<const uint16_t*>(p.v.data);
+      const int32_t hk = hd.hk;
+      uint32_t* mem = static_cast<uint32_t*>(ThreadScratch::get(ThreadScratch::kItemKeys)
+                                                 .reserve(sizeof(uint32_t) * avx512::AmxKeys::words(ke, D)));
+      packed.pack(
+          ke, D, [&](int32_t j) { return k + hd.seq.k_offset(p.k, j, hk); },
+          [&](int32_t j) { return v + hd.seq.k_offset(p.v, j, hk); }, mem);
+    }
+#endif
     if (!amx && kb < ke) {
       if (pr.dtype == FMHA_DTYPE_FLOAT32) {
         krows = static_cast<const float*>(p.k.data) + hd.seq.k_offset(p.k, kb, hd.hk);
@@ -122,7 +116,7 @@ void fwd(const fmha_fwd_params& p) {
 #if FMHA_CPU_X86_SECTIONS
         if (amx) {
           avx512::fwd_block_amx(
-              tile_head(hd), packed[(size_t)b * pr.num_heads_k + hd.hk], D, i0, ie - i0,
+              tile_head(hd), packed, D, i0, ie - i0,
               [&](int r) { return static_cast<const uint16_t*>(p.q.data) + hd.seq.q_offset(p.q, i0 + r, h); },
               [&](int r) { return static_cast<uint16_t*>(p.out.data) + hd.seq.q_offset(p.out, i0 + r, h); },
               [&](int r, float lse) {
