@@ -50,7 +50,10 @@ def gather(cache, table, lens_k, scale=None):
     for b, n in enumerate(lens_k.tolist()):
         pos = torch.arange(n)
         pages, offs = table[b, pos // page].long(), pos % page
-        x = cache[pages, offs].double()
+        if cache.dtype == torch.float8_e4m3fn:  # torch 2.4's CPU indexing has no fp8 kernel: index the bytes
+            x = cache.view(torch.uint8)[pages, offs].view(cache.dtype).double()
+        else:
+            x = cache[pages, offs].double()
         if scale is not None:
             x = x * (scale.double()[None, :, None] if scale.dim() == 1 else scale[pages, offs].double()[..., None])
         rows.append(x)
