@@ -34,10 +34,6 @@ struct FwdSm90Maps {
   CUtensorMap q, k, v;
 };
 
-// kBlockM / 64 consumer warpgroups: configs.h uses two; three (192 rows, 160 registers each)
-// exist for tools/tune/tune_sm90.cu, which times but does not check them.
-// kPingPong: two consumers take turns issuing their products, so that one's softmax
-// overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
 // How O leaves a tile (FwdSm90Traits::kOStore).
 enum class OStore {
   kRegisters,  // straight from registers, four bytes per store
@@ -45,6 +41,11 @@ enum class OStore {
   kOwnBuffer,  // staged through a buffer of its own, 16-byte rows out
 };
 
+// kBlockM / 64 consumer warpgroups: configs.h uses two; three (192 rows, 160 registers each)
+// exist for tools/tune/tune_sm90.cu, which times but does not check them.
+// kPingPong: two consumers take turns issuing their products, so that one's softmax
+// overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
+// kOStore_: an OStore to force (tools/tune/tune_sm90.cu), or -1 for the rule below.
 template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
           bool kPingPong_ = kBlockM_ == 128, int kOStore_ = -1>
 struct FwdSm90Traits {

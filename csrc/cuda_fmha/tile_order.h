@@ -1,11 +1,11 @@
-// The order in which the persistent sm_90a kernels (fwd_sm90_kernel.h, bwd_sm90_kernel.h) take
-// their tiles.  Tiles t = 0 .. blocks * heads * batch - 1 run sequence by sequence, head by
-// head, and within a head from the outside in (blocks last, first, second-to-last, second,
-// ...), so that a pair (2u, 2u + 1) costs about the same under a causal mask, whose work per
-// block grows (forward: query blocks) or shrinks (backward: key blocks) along the sequence.
-// CTA c takes pairs u = c, c + gridDim.x, ...  Fixed-length problems launch one CTA per
-// multiprocessor, so that a CTA's next tile starts loading while its last one finishes;
-// varlen ones, whose tiles differ, one CTA per pair (tile_order_ctas).
+// The order in which the persistent sm_90a forward (fwd_sm90_kernel.h) takes its tiles.
+// Tiles t = 0 .. blocks * heads * batch - 1 run sequence by sequence, head by head, and
+// within a head from the outside in (query blocks last, first, second-to-last, second, ...),
+// so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes pairs
+// u = c, c + gridDim.x, ...  Fixed-length problems launch one CTA per multiprocessor, so
+// that a CTA's next tile starts loading while its last one finishes; varlen ones, whose
+// tiles differ, one CTA per pair (tile_order_ctas).  (The backward keeps one CTA per tile:
+// a persistent backward measured slower, docs/tuning.md.)
 #pragma once
 
 #include <stdint.h>

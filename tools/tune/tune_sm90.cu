@@ -15,20 +15,13 @@ using namespace fmha;
 using namespace fmha::cuda;
 using T = __nv_bfloat16;
 
-struct Shape {
-  int S, D;
-  bool causal;
-  int B() const { return 16384 / S; }
-  int H() const { return 2048 / D; }
-};
-
 struct Buffers {
   T *q, *k, *v, *o;
   float* lse;
 };
 
 template <class K>
-void fwd(const char* name, const Shape& s, Buffers& buf) {
+void fwd(const char* name, const TrainShape& s, Buffers& buf) {
   if (K::kHeadDim != s.D) return;
   const int B = s.B(), H = s.H();
   fmha_fwd_params p{};
@@ -61,7 +54,7 @@ void fwd(const char* name, const Shape& s, Buffers& buf) {
 #define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
 
 int main() {
-  std::vector<Shape> shapes;
+  std::vector<TrainShape> shapes;
   for (int d : {64, 96, 128, 192, 256})
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
@@ -72,7 +65,7 @@ int main() {
     fill<<<1024, 256>>>(*x, elems, (uint32_t)(uintptr_t)x);
   }
   check_cuda(cudaMalloc(&buf.lse, (size_t)16384 * 32 * 4), "cudaMalloc");
-  for (const Shape& s : shapes) {
+  for (const TrainShape& s : shapes) {
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);
     FWD(64, 192, 128, 2);

@@ -14,20 +14,13 @@ using namespace fmha;
 using namespace fmha::cuda;
 using T = __nv_bfloat16;
 
-struct Shape {
-  int S, D;
-  bool causal;
-  int B() const { return 16384 / S; }
-  int H() const { return 2048 / D; }
-};
-
 struct Buffers {
   T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
   float *lse, *delta, *dq_accum;
 };
 
 template <int D>
-void run(const Shape& s, Buffers& buf) {
+void run(const TrainShape& s, Buffers& buf) {
   if (D != s.D) return;
   const int B = s.B(), H = s.H();
   auto view = [&](T* x) { return fmha_tensor{x, (int64_t)s.S * H * s.D, (int64_t)H * s.D, s.D}; };
@@ -78,7 +71,7 @@ int main() {
   for (int d : {64, 128, 256})
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 16384}) {
-        const Shape s{S, d, causal};
+        const TrainShape s{S, d, causal};
 #if !defined(TUNE_D) || TUNE_D == 64
         run<64>(s, buf);
 #endif
