@@ -272,7 +272,7 @@ ERRORS = [
 def test_paged_varlen_errors(device, what, over, exc, match):
     if what == "table too narrow" and device != "cpu":
         pytest.skip("read only when seqused_k is on the host; device-resident metadata is clamped "
-                    "(test_gpu_metadata_is_clamped) or checked by FMHA_CHECK_METADATA=1")
+                    "(test_gpu_packed_metadata_is_clamped) or checked by FMHA_CHECK_METADATA=1")
     a = _args()
     a.update(over(a))
     a = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in a.items()}
