@@ -234,12 +234,19 @@ class _ShiftedWorkspace:
     def __getattr__(self, name):
         return getattr(self._C, name)
 
-    def bwd_workspace_size(self, p):
-        return self._C.bwd_workspace_size(p) + 4
+    def bwd(self, *args):
+        *args, alloc = args  # the last argument allocates the workspace
+        return self._C.bwd(*args, lambda n: _Shifted(alloc(n + 4)))
 
-    def bwd(self, p, stream):
-        p.workspace, p.workspace_size = p.workspace + 4, p.workspace_size - 4
-        return self._C.bwd(p, stream)
+
+class _Shifted:
+    """A workspace tensor seen 4 bytes past its start (the tensor itself kept alive)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def data_ptr(self):
+        return self._t.data_ptr() + 4
 
 
 # Varlen packs the rows so that a query block's accumulator rows start at every offset

@@ -2,9 +2,12 @@
 // and streams travel as Python ints; no torch header is included, so one build serves every
 // torch release.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "fmha/fmha.h"
 
@@ -27,6 +30,15 @@ uintptr_t addr(T* p) {
 }
 
 void* as_ptr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// A tensor as the Python side passes it: (data, batch_stride, row_stride, head_stride).
+using TensorArg = std::tuple<uintptr_t, int64_t, int64_t, int64_t>;
+using OptionalTensorArg = std::optional<TensorArg>;
+
+fmha_tensor as_tensor(const TensorArg& t) {
+  return fmha_tensor{as_ptr(std::get<0>(t)), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
+}
+fmha_tensor as_tensor(const OptionalTensorArg& t) { return t ? as_tensor(*t) : fmha_tensor{}; }
 
 // Exposes a pointer member as a read/write int property.
 #define FMHA_PTR_PROPERTY(cls, Struct, field, Type)                                         \
@@ -69,13 +81,44 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("head_stride", &fmha_tensor::head_stride);
   FMHA_PTR_PROPERTY(tensor, fmha_tensor, data, void*);
 
+  // A Problem is built in one call, all fields positional (fmha_problem's order): a small
+  // call's host time is dominated by per-field Python calls, and the backward reuses the
+  // forward's Problem as is.
   py::class_<fmha_problem> problem(m, "Problem");
-  problem.def(py::init([] {
+  problem.def(py::init([](fmha_dtype dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k, int32_t total_q,
+                          int32_t total_k, int32_t num_heads_q, int32_t num_heads_k, int32_t head_dim,
+                          uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, uintptr_t seqused_k, float scale,
+                          float softcap, int32_t window_left, int32_t window_right, fmha_mask_align mask_align,
+                          uintptr_t alibi_slopes, int64_t alibi_batch_stride, float dropout_p, uint64_t seed,
+                          uint64_t offset) {
     fmha_fwd_params p;
     fmha_fwd_params_init(&p);
-    return p.problem;
+    fmha_problem& pr = p.problem;
+    pr.dtype = dtype;
+    pr.batch = batch;
+    pr.seqlen_q = seqlen_q;
+    pr.seqlen_k = seqlen_k;
+    pr.total_q = total_q;
+    pr.total_k = total_k;
+    pr.num_heads_q = num_heads_q;
+    pr.num_heads_k = num_heads_k;
+    pr.head_dim = head_dim;
+    pr.cu_seqlens_q = static_cast<const int32_t*>(as_ptr(cu_seqlens_q));
+    pr.cu_seqlens_k = static_cast<const int32_t*>(as_ptr(cu_seqlens_k));
+    pr.seqused_k = static_cast<const int32_t*>(as_ptr(seqused_k));
+    pr.scale = scale;
+    pr.softcap = softcap;
+    pr.window_left = window_left;
+    pr.window_right = window_right;
+    pr.mask_align = mask_align;
+    pr.alibi_slopes = static_cast<const float*>(as_ptr(alibi_slopes));
+    pr.alibi_batch_stride = alibi_batch_stride;
+    pr.dropout_p = dropout_p;
+    pr.seed = seed;
+    pr.offset = offset;
+    return pr;
   }));
-#define FMHA_FIELD(name) problem.def_readwrite(#name, &fmha_problem::name)
+#define FMHA_FIELD(name) problem.def_readonly(#name, &fmha_problem::name)
   FMHA_FIELD(dtype);
   FMHA_FIELD(batch);
   FMHA_FIELD(seqlen_q);
@@ -90,52 +133,10 @@ PYBIND11_MODULE(_C, m) {
   FMHA_FIELD(window_left);
   FMHA_FIELD(window_right);
   FMHA_FIELD(mask_align);
-  FMHA_FIELD(alibi_batch_stride);
   FMHA_FIELD(dropout_p);
   FMHA_FIELD(seed);
   FMHA_FIELD(offset);
 #undef FMHA_FIELD
-  FMHA_PTR_PROPERTY(problem, fmha_problem, cu_seqlens_q, const int32_t*);
-  FMHA_PTR_PROPERTY(problem, fmha_problem, cu_seqlens_k, const int32_t*);
-  FMHA_PTR_PROPERTY(problem, fmha_problem, seqused_k, const int32_t*);
-  FMHA_PTR_PROPERTY(problem, fmha_problem, alibi_slopes, const float*);
-
-  py::class_<fmha_fwd_params> fwd(m, "FwdParams");
-  fwd.def(py::init([] {
-       fmha_fwd_params p;
-       fmha_fwd_params_init(&p);
-       return p;
-     }))
-      .def_readwrite("device", &fmha_fwd_params::device)
-      .def_readwrite("problem", &fmha_fwd_params::problem)
-      .def_readwrite("q", &fmha_fwd_params::q)
-      .def_readwrite("k", &fmha_fwd_params::k)
-      .def_readwrite("v", &fmha_fwd_params::v)
-      .def_readwrite("out", &fmha_fwd_params::out)
-      .def_readwrite("probs", &fmha_fwd_params::probs);
-  FMHA_PTR_PROPERTY(fwd, fmha_fwd_params, lse, float*);
-
-  py::class_<fmha_bwd_params> bwd(m, "BwdParams");
-  bwd.def(py::init([] {
-       fmha_bwd_params p;
-       fmha_bwd_params_init(&p);
-       return p;
-     }))
-      .def_readwrite("device", &fmha_bwd_params::device)
-      .def_readwrite("problem", &fmha_bwd_params::problem)
-      .def_readwrite("q", &fmha_bwd_params::q)
-      .def_readwrite("k", &fmha_bwd_params::k)
-      .def_readwrite("v", &fmha_bwd_params::v)
-      .def_readwrite("out", &fmha_bwd_params::out)
-      .def_readwrite("dout", &fmha_bwd_params::dout)
-      .def_readwrite("dq", &fmha_bwd_params::dq)
-      .def_readwrite("dk", &fmha_bwd_params::dk)
-      .def_readwrite("dv", &fmha_bwd_params::dv)
-      .def_readwrite("deterministic", &fmha_bwd_params::deterministic)
-      .def_readwrite("workspace_size", &fmha_bwd_params::workspace_size);
-  FMHA_PTR_PROPERTY(bwd, fmha_bwd_params, lse, const float*);
-  FMHA_PTR_PROPERTY(bwd, fmha_bwd_params, dlse, const float*);
-  FMHA_PTR_PROPERTY(bwd, fmha_bwd_params, workspace, void*);
 
   py::class_<fmha_decode_params> dec(m, "DecodeParams");
   dec.def(py::init([] {
@@ -200,20 +201,55 @@ PYBIND11_MODULE(_C, m) {
         return bytes;
       },
       py::arg("params"));
+  // The forward and backward take their tensors as (data, batch_stride, row_stride,
+  // head_stride) tuples (None: absent) and build the params struct here, in one call.
   m.def(
-      "fwd", [](const fmha_fwd_params& p, uintptr_t stream) { check(fmha_fwd(&p, as_ptr(stream))); },
-      py::arg("params"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+      "fwd",
+      [](fmha_device device, uintptr_t stream, const fmha_problem& problem, const TensorArg& q, const TensorArg& k,
+         const TensorArg& v, const TensorArg& out, uintptr_t lse, const OptionalTensorArg& probs) {
+        fmha_fwd_params p;
+        fmha_fwd_params_init(&p);
+        p.device = device;
+        p.problem = problem;
+        p.q = as_tensor(q), p.k = as_tensor(k), p.v = as_tensor(v), p.out = as_tensor(out);
+        p.lse = static_cast<float*>(as_ptr(lse));
+        p.probs = as_tensor(probs);
+        py::gil_scoped_release release;
+        check(fmha_fwd(&p, as_ptr(stream)));
+      },
+      py::arg("device"), py::arg("stream"), py::arg("problem"), py::arg("q"), py::arg("k"), py::arg("v"),
+      py::arg("out"), py::arg("lse"), py::arg("probs"));
+  // The workspace comes from `alloc(bytes)`, a Python callable returning an object with a
+  // data_ptr() (a torch tensor, so torch's caching allocator serves it); it is called only
+  // when the backward needs one, and the object is held until the kernels are enqueued.
   m.def(
-      "bwd", [](const fmha_bwd_params& p, uintptr_t stream) { check(fmha_bwd(&p, as_ptr(stream))); },
-      py::arg("params"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "bwd_workspace_size",
-      [](const fmha_bwd_params& p) {
+      "bwd",
+      [](fmha_device device, uintptr_t stream, const fmha_problem& problem, const TensorArg& q, const TensorArg& k,
+         const TensorArg& v, const TensorArg& out, const TensorArg& dout, const TensorArg& dq, const TensorArg& dk,
+         const TensorArg& dv, uintptr_t lse, uintptr_t dlse, bool deterministic, const py::object& alloc) {
+        fmha_bwd_params p;
+        fmha_bwd_params_init(&p);
+        p.device = device;
+        p.problem = problem;
+        p.q = as_tensor(q), p.k = as_tensor(k), p.v = as_tensor(v), p.out = as_tensor(out), p.dout = as_tensor(dout);
+        p.dq = as_tensor(dq), p.dk = as_tensor(dk), p.dv = as_tensor(dv);
+        p.lse = static_cast<const float*>(as_ptr(lse));
+        p.dlse = static_cast<const float*>(as_ptr(dlse));
+        p.deterministic = deterministic ? 1 : 0;
         size_t bytes = 0;
         check(fmha_bwd_workspace_size(&p, &bytes));
-        return bytes;
+        py::object workspace;
+        if (bytes > 0) {
+          workspace = alloc(bytes);
+          p.workspace = as_ptr(workspace.attr("data_ptr")().cast<uintptr_t>());
+          p.workspace_size = bytes;
+        }
+        py::gil_scoped_release release;
+        check(fmha_bwd(&p, as_ptr(stream)));
       },
-      py::arg("params"));
+      py::arg("device"), py::arg("stream"), py::arg("problem"), py::arg("q"), py::arg("k"), py::arg("v"),
+      py::arg("out"), py::arg("dout"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("lse"), py::arg("dlse"),
+      py::arg("deterministic"), py::arg("alloc"));
   m.def(
       "capabilities",
       [](fmha_device device) {

@@ -62,14 +62,13 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def view(t: torch.Tensor | None, varlen: bool) -> "_C.Tensor":
-    """An fmha_tensor of a (B, S, H, D) or, in varlen mode, (total, H, D) tensor."""
-    if t is None:
-        return _C.Tensor()
+def view(t: torch.Tensor, varlen: bool) -> tuple:
+    """libfmha's fmha_tensor of a (B, S, H, D) or, in varlen mode, (total, H, D) tensor, as the
+    (data, batch_stride, row_stride, head_stride) tuple fmha._C takes."""
     st = t.stride()
     if varlen:
-        return _C.Tensor(t.data_ptr(), 0, st[0], st[1])
-    return _C.Tensor(t.data_ptr(), st[0], st[1], st[2])
+        return t.data_ptr(), 0, st[0], st[1]
+    return t.data_ptr(), st[0], st[1], st[2]
 
 
 def ptr(t: torch.Tensor | None) -> int:

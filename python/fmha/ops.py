@@ -37,24 +37,21 @@ def _probs_shape(d: _checks.Dims) -> Tuple[int, ...]:
 
 def _problem(d: _checks.Dims, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
              window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state) -> "_C.Problem":
-    pr = _C.Problem()
-    pr.dtype = _DTYPES[dtype]
-    pr.batch = d.batch
-    pr.seqlen_q, pr.seqlen_k = d.seqlen_q, d.seqlen_k
-    pr.total_q, pr.total_k = d.total_q, d.total_k
-    pr.num_heads_q, pr.num_heads_k, pr.head_dim = d.heads_q, d.heads_k, d.head_dim
-    pr.cu_seqlens_q, pr.cu_seqlens_k, pr.seqused_k = ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k)
-    pr.scale, pr.softcap = scale, softcap
-    pr.window_left, pr.window_right = window_left, window_right
-    pr.mask_align = _C.MaskAlign.top_left if top_left else _C.MaskAlign.bottom_right
+    """libfmha's fmha_problem, built in one call (the backward reuses the forward's)."""
+    alibi, alibi_batch_stride = 0, 0
     if alibi_slopes is not None:
-        pr.alibi_slopes = alibi_slopes.data_ptr()
-        pr.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
-    pr.dropout_p = dropout_p
+        alibi = alibi_slopes.data_ptr()
+        alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    seed = offset = 0
     if dropout_p > 0:
-        seed, offset = rng_state.tolist()
-        pr.seed, pr.offset = seed & (2**64 - 1), offset & (2**64 - 1)
-    return pr
+        seed, offset = (x & (2**64 - 1) for x in rng_state.tolist())
+    return _C.Problem(_DTYPES[dtype], d.batch, d.seqlen_q, d.seqlen_k, d.total_q, d.total_k, d.heads_q, d.heads_k,
+                      d.head_dim, ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), scale, softcap,
+                      window_left, window_right, _TOP_LEFT if top_left else _BOTTOM_RIGHT, alibi,
+                      alibi_batch_stride, dropout_p, seed, offset)
+
+
+_TOP_LEFT, _BOTTOM_RIGHT = _C.MaskAlign.top_left, _C.MaskAlign.bottom_right
 
 
 def _draw_rng_state() -> Tensor:
@@ -86,8 +83,12 @@ def _vector_head_dim(device: torch.device, dtype: torch.dtype, head_dim: int) ->
 def _vector_aligned(x: Tensor) -> bool:
     """Whether the GPU kernels can move x's rows as 16-byte vectors: 16-byte aligned data and
     every stride but the last a multiple of 16 bytes."""
+    if x.data_ptr() % 16 != 0:
+        return False
     vec = 16 // x.element_size()
-    return x.data_ptr() % 16 == 0 and all(st % vec == 0 for st in x.stride()[:-1])
+    if x.is_contiguous() and x.shape[-1] % vec == 0:  # then every stride is a multiple of the last dim
+        return True
+    return all(st % vec == 0 for st in x.stride()[:-1])
 
 
 def _vector_layout(x: Tensor, head_dim: int) -> Tensor:
@@ -113,7 +114,7 @@ def _fwd_impl(
                                  alibi_slopes, dropout_p)
     return _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                         softcap, window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic,
-                        return_probs, rng_state)
+                        return_probs, rng_state)[:4]
 
 
 def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
@@ -122,12 +123,16 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     """_fwd_impl after its argument checks, which gave d.  `out` (checked by the caller): the
     kernel writes the result there when it can address it (on a GPU, 16-bit tensors need
     16-byte aligned rows and a head dim that is a multiple of 8); otherwise the result is
-    computed into a buffer and copied there."""
+    computed into a buffer and copied there.  Returns _fwd_impl's results and the libfmha
+    problem, which a backward of the same call may reuse (its pointers are those of
+    cu_seqlens_q, cu_seqlens_k, seqused_k and alibi_slopes when these are contiguous)."""
     device = q.device
     backend = fmha_device(device)
     cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
         _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
-    in_capture = capturing(device)
+    # Whether a CUDA graph is being captured matters only to metadata and dropout (and asking
+    # costs a small call's host time).
+    in_capture = (cu_seqlens_q is not None or seqused_k is not None or dropout_p > 0) and capturing(device)
     if not in_capture:
         _checks.metadata_values(d, cu_seqlens_q, cu_seqlens_k, seqused_k)
     if dropout_p > 0:
@@ -156,22 +161,18 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
     probs = torch.empty(_probs_shape(d) if return_probs else (0,), dtype=q.dtype, device=device)
 
-    p = _C.FwdParams()
-    p.device = backend
-    p.problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
-                         window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state)
-    p.q, p.k, p.v, p.out = (view(t, d.varlen) for t in (q, k, v, out))
-    p.lse = lse.data_ptr()
-    if return_probs:
-        p.probs = _C.Tensor(probs.data_ptr(), probs.stride(0), probs.stride(2), probs.stride(1))
+    problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap, window_left,
+                       window_right, top_left, alibi_slopes, dropout_p, rng_state)
+    probs_view = (probs.data_ptr(), probs.stride(0), probs.stride(2), probs.stride(1)) if return_probs else None
     with _device_guard(device):
-        _C.fwd(p, stream_handle(device))
+        _C.fwd(backend, stream_handle(device), problem, view(q, d.varlen), view(k, d.varlen), view(v, d.varlen),
+               view(out, d.varlen), lse.data_ptr(), probs_view)
     if d_kernel != head_dim:
         out = out[..., :head_dim]
     if user_out is not None and out is not user_out:
         user_out.copy_(out)
         out = user_out
-    return out, lse, rng_state, probs
+    return out, lse, rng_state, probs, problem
 
 
 fwd = torch.library.custom_op("fmha::fwd", mutates_args=())(_fwd_impl)
@@ -208,8 +209,9 @@ def _bwd_impl(
 
 def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                  max_seqlen_k, scale, softcap, window_left, window_right, top_left, alibi_slopes, dropout_p,
-                 rng_state, deterministic):
-    """_bwd_impl after the checks of the inputs it shares with the forward, which gave d."""
+                 rng_state, deterministic, problem=None):
+    """_bwd_impl after the checks of the inputs it shares with the forward, which gave d;
+    `problem`, when given, is the forward's (_fwd_checked)."""
     for name, t in (("dout", dout), ("out", out)):
         if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
             raise ValueError(f"{name} must match q: shape {tuple(q.shape)} and dtype {q.dtype}, "
@@ -221,8 +223,6 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
     backend = fmha_device(device)
     dout, out = _checks.contiguous_last(dout), _checks.contiguous_last(out)
     lse, dlse = lse.contiguous(), _contiguous_small(dlse)
-    cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
-        _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
 
     head_dim = d.head_dim
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
@@ -233,18 +233,14 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=device)
-    p = _C.BwdParams()
-    p.device = backend
-    p.problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
-                         window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state)
-    p.q, p.k, p.v, p.out, p.dout = (view(t, d.varlen) for t in (q, k, v, out, dout))
-    p.dq, p.dk, p.dv = (view(t, d.varlen) for t in (dq, dk, dv))
-    p.lse, p.dlse = lse.data_ptr(), ptr(dlse)
-    p.deterministic = int(deterministic)
-    workspace = torch.empty(_C.bwd_workspace_size(p), dtype=torch.uint8, device=device)
-    p.workspace, p.workspace_size = ptr(workspace), workspace.numel()
+    if problem is None:  # (the small tensors stay referenced here until the kernels are enqueued)
+        cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
+            _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
+        problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap, window_left,
+                           window_right, top_left, alibi_slopes, dropout_p, rng_state)
     with _device_guard(device):
-        _C.bwd(p, stream_handle(device))
+        _C.bwd(backend, stream_handle(device), problem, *(view(t, d.varlen) for t in (q, k, v, out, dout, dq, dk, dv)),
+               lse.data_ptr(), ptr(dlse), deterministic, functools.partial(torch.empty, dtype=torch.uint8, device=device))
     if d_kernel != head_dim:
         dq, dk, dv = (x[..., :head_dim] for x in (dq, dk, dv))
     return dq, dk, dv
@@ -303,19 +299,30 @@ def _input_dims(inputs) -> _checks.Dims:
 
 class _EagerAttention(torch.autograd.Function):
     """fmha::fwd and its backward for eager calls, without the dispatcher: the same
-    implementations, context and backward as the registered op.  The backward reuses the
-    forward's checked dimensions instead of checking the same inputs again."""
+    implementations, context and backward as the registered op.  Called as
+    apply(q, k, v, rest) with rest the op's other arguments as one tuple (apply's cost grows
+    with its argument count; the index and slope tensors in rest take no gradient).  The
+    backward reuses the forward's checked dimensions and libfmha problem."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, q, k, v, rest):
+        # The small index and slope tensors are made contiguous here and saved so: the
+        # pointers in the forward's problem then stay valid for the backward.
+        inputs = ((q, k, v) + tuple(map(_contiguous_small, rest[:3])) + rest[3:10]
+                  + (_contiguous_small(rest[10]),) + rest[11:])
         ctx.dims = _input_dims(inputs)
-        output = _fwd_checked(ctx.dims, *inputs)
+        *output, ctx.problem = _fwd_checked(ctx.dims, *inputs)
         _setup_context(ctx, inputs, output)
-        return output
+        # Gradients that are not given stay None (no zero LSE gradient is made and read),
+        # and the RNG state and probabilities have none.
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[2], output[3])
+        return tuple(output)
 
     @staticmethod
     def backward(ctx, dout, dlse, _drng, _dprobs):
-        return _replay_backward(functools.partial(_bwd_checked, ctx.dims), ctx, dout, dlse)
+        bwd_fn = functools.partial(_bwd_checked, ctx.dims, problem=ctx.problem)
+        return _replay_backward(bwd_fn, ctx, dout, dlse)[:3] + (None,)
 
 
 # --- What the kernels do not take, composed around the op once for every entry point: a V
@@ -407,9 +414,9 @@ def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = N
     if not eager:
         result = torch.ops.fmha.fwd(*inputs)
     elif grad:
-        result = _EagerAttention.apply(*inputs)
+        result = _EagerAttention.apply(q, k, v, tuple(inputs[3:]))
     elif out is not None and not head_dim_v:
-        result = _fwd_checked(_input_dims(inputs), *inputs, out=out)
+        result = _fwd_checked(_input_dims(inputs), *inputs, out=out)[:4]
         direct = out
     else:
         result = _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
