@@ -55,3 +55,13 @@ echo "release_wheel: $out/$name, $(( size / 1048576 )) MiB"
 if [ "$size" -gt 100000000 ]; then
   echo "release_wheel: the wheel is over 100 MB"; exit 1
 fi
+# What a distributable package carries: the license, the release notes, the typing marker.
+"$py" - "$out/$name" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+want = {"LICENSE": "/licenses/LICENSE", "CHANGELOG.md": ".dist-info/CHANGELOG.md", "py.typed": "fmha/py.typed"}
+missing = [k for k, tail in want.items() if not any(n.endswith(tail) for n in names)]
+if missing:
+    sys.exit(f"release_wheel: the wheel lacks {', '.join(missing)}")
+print("release_wheel: LICENSE, CHANGELOG.md and py.typed are in the wheel")
+PY
