@@ -40,13 +40,14 @@ def _i32(values, device):
 
 
 def _varlen(device, cu_q=(0, 3, 8), cu_k=(0, 4, 10), max_q=5, max_k=6, total_q=8, total_k=10,
-            **kw):
+            grad=False, **kw):
     """flash_attn_varlen_func on 2 sequences (q lengths 3, 5; k lengths 4, 6) unless
-    arguments replace them; cu_* may be tuples (made int32) or tensors (used as given)."""
-    q = randn(total_q, HQ, D, device=device)
-    k, v = randn(total_k, HK, D, device=device), randn(total_k, HK, D, device=device)
-    cq = cu_q if isinstance(cu_q, torch.Tensor) else _i32(cu_q, device)
-    ck = cu_k if isinstance(cu_k, torch.Tensor) else _i32(cu_k, device)
+    arguments replace them; cu_* may be tuples (made int32), tensors (used as given) or
+    lists (passed as such); grad: q, k, v require grad."""
+    q = randn(total_q, HQ, D, device=device).requires_grad_(grad)
+    k, v = (randn(total_k, HK, D, device=device).requires_grad_(grad) for _ in range(2))
+    cq = _i32(cu_q, device) if isinstance(cu_q, tuple) else cu_q
+    ck = _i32(cu_k, device) if isinstance(cu_k, tuple) else cu_k
     return fmha.flash_attn_varlen_func(q, k, v, cq, ck, max_q, max_k, **kw)
 
 
@@ -73,6 +74,10 @@ CASES = {
                          lambda d: _varlen(d, cu_q=torch.tensor([0, 3, 8], device=d))),
     "seqused_k-int64": (TypeError, r"seqused_k",
                         lambda d: _varlen(d, seqused_k=torch.tensor([1, 1], device=d))),
+    # the same checks on the autograd path (inputs that require grad)
+    "cu_seqlens-list-with-grad": (TypeError, r"cu_seqlens_q", lambda d: _varlen(d, cu_q=[0, 3, 8], grad=True)),
+    "alibi-fp16-with-grad": (TypeError, r"alibi_slopes",
+                             lambda d: _varlen(d, grad=True, alibi_slopes=torch.rand(HQ, device=d).half())),
     # shapes
     "q-3d-fixed": (ValueError, r"\bq\b", lambda d: _fa(d, q=_qkv(d)[0][0])),
     "k-5d": (ValueError, r"\bk\b", lambda d: _fa(d, k=_qkv(d)[1][None])),

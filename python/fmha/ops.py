@@ -306,11 +306,11 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
+        ctx.dims = _input_dims((q, k, v) + rest)
         # The small index and slope tensors are made contiguous here and saved so: the
         # pointers in the forward's problem then stay valid for the backward.
         inputs = ((q, k, v) + tuple(map(_contiguous_small, rest[:3])) + rest[3:10]
                   + (_contiguous_small(rest[10]),) + rest[11:])
-        ctx.dims = _input_dims(inputs)
         *output, ctx.problem = _fwd_checked(ctx.dims, *inputs)
         _setup_context(ctx, inputs, output)
         # Gradients that are not given stay None (no zero LSE gradient is made and read),
