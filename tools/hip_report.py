@@ -8,7 +8,7 @@ so a bare clang with HIP headers builds them.  Exits nonzero if any kernel uses 
 spills VGPRs, calls a function, or (the matrix-core kernels) has a main loop without MFMA.
 
     python tools/hip_report.py                        # gfx90a and gfx942, every kernel
-    python tools/hip_report.py --arch gfx942 --jobs 8 --markdown table.md
+    python tools/hip_report.py --markdown docs/amd_resources.md   # the committed page
     python tools/hip_report.py --asm-dir DIR          # read DIR/<arch>/<source>.s instead
 """
 
@@ -154,6 +154,25 @@ def pretty(source, mangled):
     return f"{m.group(1)}<{', '.join(names)}>"
 
 
+def compiler_version(compiler) -> str:
+    if not compiler:
+        return "the compiler that wrote --asm-dir"
+    first = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()
+    return first[0].strip() if first else compiler
+
+
+def markdown_page(table: str, version: str, archs) -> str:
+    """docs/amd_resources.md: the table with what its columns mean."""
+    return (
+        "# HIP kernel resources (generated)\n\n"
+        f"Written by `python tools/hip_report.py --markdown docs/amd_resources.md` ({version}; "
+        f"{', '.join(archs)}), every kernel compiled device-only; regenerate it rather than edit it. "
+        "VGPR/AGPR: registers per lane (512 in all on gfx90a/gfx942); LDS: bytes per workgroup; "
+        "scratch: bytes per lane; occupancy: waves per SIMD as the compiler reports it; SGPR "
+        "spills go to VGPR lanes, not to memory. docs/amd.md says what these figures do and do "
+        "not show.\n\n" + table + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=list(ARCHS))
@@ -162,12 +181,14 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--asm-dir", type=pathlib.Path, help="read ARCH/SOURCE.s from here instead of compiling")
     ap.add_argument("--keep-asm", type=pathlib.Path, help="write the ISA to KEEP_ASM/ARCH/SOURCE.s")
-    ap.add_argument("--markdown", type=pathlib.Path, help="also write the table to this file")
+    ap.add_argument("--markdown", type=pathlib.Path,
+                    help="also write the table as a Markdown page (docs/amd_resources.md is this page)")
     args = ap.parse_args()
 
     srcs = sources()
     asm_root = args.asm_dir or args.keep_asm or pathlib.Path(tempfile.mkdtemp(prefix="fmha_hip_"))
     remarks = {}
+    compiler = None
     if not args.asm_dir:
         compiler = find_compiler(args.compiler)
         rocm = args.rocm_path or ("/usr" if pathlib.Path("/usr/include/hip/hip_runtime.h").exists()
@@ -216,7 +237,7 @@ def main():
     table = "\n".join(lines)
     print(table)
     if args.markdown:
-        args.markdown.write_text(table + "\n")
+        args.markdown.write_text(markdown_page(table, compiler_version(compiler), args.arch))
     print(f"\n{len(rows)} kernels on {', '.join(args.arch)}: "
           f"{'all without scratch, MFMA in every matrix-core main loop' if not problems else 'PROBLEMS'}")
     for p in problems:
