@@ -84,6 +84,11 @@ struct FwdSm90Traits {
       : kOffO + TileQ::kBytes + kBars * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
                                                             : OStore::kQBuffer;
   static constexpr bool kReleaseQEarly = kOStore != OStore::kQBuffer;
+  // How the softmax sums a row: by a tree after its exp2s, or in two chains of adds beside
+  // them.  The tree was 1-3.5% faster at D = 128 from S = 2k; at D = 64, where a block's
+  // products are half as long, the two chains were 1-6% faster than one (the kernel before)
+  // and the tree up to 2% slower than two (tools/tune/tune_sm90.cu, docs/tuning.md).
+  static constexpr bool kTreeSum = kHeadDim > 64;
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileQ::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0, "tiles on 1024-byte lines");
@@ -284,22 +289,27 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         score.apply(acc_s, row0, 16, n0, lane, score.needs_mask(wm0, wm1, n0, kBlockN));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
+          float m[kNT];  // the row's maximum, then (kTreeSum) its sum, by a tree
 #pragma unroll
-          for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]));
-          mx = fmaxf(row_max[r], quad_max(mx) * score.post_scale);
+          for (int n = 0; n < kNT; ++n) m[n] = fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]);
+          const float mx = fmaxf(row_max[r], quad_max(tree_reduce(m, [](float x, float y) { return fmaxf(x, y); })) * score.post_scale);
           rescale[r] = softmax_rescale(row_max[r], mx);
           const float ref = softmax_ref_max(mx);
           row_max[r] = mx;
-          float sum = 0.f;
+          float sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int n = 0; n < kNT; ++n)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
               acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -ref));
-              sum += acc_s[0][n][e];
+              if constexpr (!K::kTreeSum) sum[e % 2] += acc_s[0][n][e];
             }
-          row_sum[r] = row_sum[r] * rescale[r] + sum;
+          if constexpr (K::kTreeSum) {
+#pragma unroll
+            for (int n = 0; n < kNT; ++n) m[n] = acc_s[0][n][2 * r] + acc_s[0][n][2 * r + 1];
+            sum[0] = tree_reduce(m, [](float x, float y) { return x + y; });
+          }
+          row_sum[r] = row_sum[r] * rescale[r] + (sum[0] + sum[1]);
         }
       };
       auto rescale_o = [&] {

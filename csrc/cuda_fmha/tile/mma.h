@@ -189,6 +189,18 @@ __device__ __forceinline__ void store_acc(T* s, const float (&acc)[MT][NT][4], i
   }
 }
 
+// v[0] = v[0] op v[1] op ... op v[N - 1] by a tree of depth ceil(log2 N), not a chain of
+// N - 1 dependent instructions: for the softmax's row maxima and sums, whose latency the
+// next products wait on.  Overwrites v.
+template <int N, class Op>
+__device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int n = 0; n + w < N; n += 2 * w) v[n] = op(v[n], v[n + w]);
+  return v[0];
+}
+
 // Row reductions over the four lanes that share a row.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
