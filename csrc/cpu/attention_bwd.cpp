@@ -4,7 +4,8 @@
 //   dV = sum dropout(P)^T dO,  dK = sum dS^T Q  (over the query heads that share the KV
 //   head, so no atomics),  dQ = dS K
 // with dS = P * (dP - D), dP = dropout(dO V^T), and the softcap chain rule folded into dS.
-// The tile kernels are in tiles.inc (vectorized, one build per instruction set, see isa.h).
+// The tile kernels are in tiles.inc (vectorized, one build per instruction set, see isa.h)
+// and, for bf16 on AMX, amx.inc.
 #include <cmath>
 #include <vector>
 
@@ -39,9 +40,22 @@ void bwd(const fmha_bwd_params& p) {
     }
   });
 
-  // dQ, dK, dV: one work item per (sequence, KV head), on its own fp32 copy of K and V.
+  // dQ, dK, dV: one work item per (sequence, KV head), on its own fp32 copy of K and V, or
+  // (bf16 where the CPU has AMX, amx.inc) its own packs of them.
+#if FMHA_CPU_X86_SECTIONS
+  const bool amx = pr.dtype == FMHA_DTYPE_BFLOAT16 && D % 32 == 0 && amx_bf16();
+#else
+  const bool amx = false;
+#endif
   parallel_for((int64_t)pr.batch * pr.num_heads_k, [&](int64_t item) {
     const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
+#if FMHA_CPU_X86_SECTIONS
+    if (amx) {
+      avx512::bwd_head_amx(p, b, hk, delta.data());
+      ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+      return;
+    }
+#endif
     const Sequence seq = Sequence::get(pr, b);
     const float* keys = key_rows_f32(pr, seq, p.k, hk, 0, seq.k_rows, ThreadScratch::kItemKeys);
     const float* values = key_rows_f32(pr, seq, p.v, hk, 0, seq.k_rows, ThreadScratch::kItemValues);

@@ -79,7 +79,7 @@ inline Isa isa() {
   return chosen;
 }
 
-// Whether the bf16 forward may use AMX tiles (avx512::fwd_block_amx): the AVX-512 section
+// Whether the bf16 forward and backward may use AMX tiles (amx.inc): the AVX-512 section
 // is in use, the CPU has AMX-BF16 (and AVX512-BF16), and Linux granted this process the tile state
 // (arch_prctl ARCH_REQ_XCOMP_PERM).  FMHA_CPU_AMX=0 turns it off.
 inline bool amx_bf16() {
