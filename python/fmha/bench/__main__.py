@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     meta["notes"] = []
     if device.type == "cpu":
         meta["notes"].append("fmha's CPU backend is also its reference implementation (every feature, fp32 "
-                             "accumulation): tiled kernels on AVX-512/AVX2, AMX tiles for the bf16 forward where the "
+                             "accumulation): tiled kernels on AVX-512/AVX2, AMX tiles for bf16 where the "
                              "CPU has them. Both libraries use every core, so another busy process moves both.")
     print(f"fmha {meta['fmha']} ({meta['commit']}) on {meta['device']}, torch {meta['torch']}, {meta['dtype']}; "
           f"ceilings: matmul {meta['matmul_tflops']:.3g} TFLOP/s, copy {meta['copy_gbps']:.0f} GB/s")
