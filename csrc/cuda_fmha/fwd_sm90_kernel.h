@@ -85,9 +85,9 @@ struct FwdSm90Traits {
                                                             : OStore::kQBuffer;
   static constexpr bool kReleaseQEarly = kOStore != OStore::kQBuffer;
   // How the softmax sums a row: by a tree after its exp2s, or in two chains of adds beside
-  // them.  The tree was 1-3.5% faster at D = 128 from S = 2k; at D = 64, where a block's
-  // products are half as long, the two chains were 1-6% faster than one (the kernel before)
-  // and the tree up to 2% slower than two (tools/tune/tune_sm90.cu, docs/tuning.md).
+  // them.  At D = 64 two chains were 0.5-3.8% faster than one (the kernel before) and the
+  // tree 0-3% slower than two; above, the tree gave D = 96 up to 4.4%, D = 128 -0.6 to +3.5%
+  // over two calls, D = 192 and 256 within 2% (tools/tune/tune_sm90.cu, docs/tuning.md).
   static constexpr bool kTreeSum = kHeadDim > 64;
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileQ::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           float m[kNT];  // the row's maximum, then (kTreeSum) its sum, by a tree
 #pragma unroll
           for (int n = 0; n < kNT; ++n) m[n] = fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]);
-          const float mx = fmaxf(row_max[r], quad_max(tree_reduce(m, [](float x, float y) { return fmaxf(x, y); })) * score.post_scale);
+          const float m_block = quad_max(tree_reduce(m, [](float x, float y) { return fmaxf(x, y); }));
+          const float mx = fmaxf(row_max[r], m_block * score.post_scale);
           rescale[r] = softmax_rescale(row_max[r], mx);
           const float ref = softmax_ref_max(mx);
           row_max[r] = mx;
