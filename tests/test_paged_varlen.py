@@ -103,6 +103,65 @@ def test_paged_varlen(device, name, dtype, hq, hk, d, page, seqs, kw):
     assert_lse_close(lse, lse_ref, LSE_TOL, f"{name} lse")
 
 
+# Prefill chunks (64 query rows or more in some sequence): on an H200 these run on the sm_90a
+# forward reading the pages (fwd_paged_sm90), decode steps mixed in; lengths off every tile
+# and page multiple; pages of 16, 48 (not dividing a key block; copied 16 rows at a time, or
+# whole into D = 192's 96-key blocks) and 256 (a whole 128-key block per copy);
+# every sm_90a head dim (80 padded to 96; 256 in 80-key blocks), and more than 8192 keys
+# of capacity at D = 128 (its 176-key blocks).
+PREFILL = [(130, 700), (1, 300), (0, 90), (70, 70), (1, 1), (64, 0), (200, 333)]
+PREFILL_CASES = [
+    ("causal-gqa-p16-d128", torch.bfloat16, 8, 2, 128, 16, PREFILL, dict(causal=True)),
+    ("causal-p48-d64", torch.float16, 4, 4, 64, 48, PREFILL, dict(causal=True)),
+    ("causal-p48-d192", torch.float16, 4, 2, 192, 48, PREFILL, dict(causal=True)),
+    ("noncausal-mqa-p256-d96", torch.bfloat16, 4, 1, 96, 256, PREFILL, {}),
+    ("window-p16-d80", torch.float16, 4, 2, 80, 16, PREFILL, dict(causal=True, window_size=(100, 0))),
+    ("softcap-alibi-p32-d256", torch.bfloat16, 4, 2, 256, 32, [(96, 250), (1, 100), (65, 81)],
+     dict(causal=True, softcap=20.0, alibi=True)),
+    ("long-p256-d128", torch.bfloat16, 4, 2, 128, 256, [(100, 8500), (64, 300)], {}),
+]
+
+
+@pytest.mark.parametrize("name,dtype,hq,hk,d,page,seqs,kw", PREFILL_CASES, ids=[c[0] for c in PREFILL_CASES])
+def test_paged_prefill(device, name, dtype, hq, hk, d, page, seqs, kw):
+    """Chunked prefill over pages.  Cache slots past each sequence's keys (the unfilled rest
+    of its last page, and the page nobody owns) hold NaN: the result must not read them."""
+    q, kc, vc, table, cu_q, lens_k = make_batch(seqs, hq, hk, d, page, dtype)
+    owned = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(lens_k.tolist()):
+        pos = torch.arange(n)
+        owned[table[b, pos // page].long(), pos % page] = True
+    kc[~owned], vc[~owned] = math.nan, math.nan
+    kw = dict(kw)
+    slopes = torch.rand(hq) * 0.5 if kw.pop("alibi", False) else None
+    out_ref, lse_ref = reference(q, kc, vc, table, cu_q, lens_k, alibi_slopes=slopes, **kw)
+    q_, kc_, vc_, table_, cu_q_, lens_k_, slopes_ = on(device, q, kc, vc, table, cu_q, lens_k, slopes)
+    out = torch.full_like(q_, math.nan)
+    got, lse = fmha.flash_attn_varlen_func(
+        q_, kc_, vc_, cu_seqlens_q=cu_q_, max_seqlen_q=max(s[0] for s in seqs), seqused_k=lens_k_,
+        block_table=table_, alibi_slopes=slopes_, out=out, return_softmax_lse=True, **kw)
+    assert got is out
+    assert_close(got, out_ref, OUT_TOL[dtype], f"{name} out")
+    assert_lse_close(lse, lse_ref, LSE_TOL, f"{name} lse")
+
+
+def test_paged_prefill_takes_the_sm90_forward(device, monkeypatch):
+    """On a compute capability 9.0 GPU the prefill call runs the sm_90a forward, not the
+    decode kernels that FMHA_FORCE_MMA_SYNC=1 sends it to: the two sum in different orders,
+    so their bits differ (and both match the reference, test_paged_prefill)."""
+    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a forward runs on compute capability 9.0 GPUs")
+    monkeypatch.delenv("FMHA_FORCE_MMA_SYNC", raising=False)  # the suite's forced run
+    q, kc, vc, table, cu_q, lens_k = on(device, *make_batch(PREFILL, 8, 2, 128, 16, torch.bfloat16))
+    call = lambda: fmha.flash_attn_varlen_func(q, kc, vc, cu_q, None, 200, None, causal=True, block_table=table,
+                                               seqused_k=lens_k)
+    sm90 = call()
+    monkeypatch.setenv("FMHA_FORCE_MMA_SYNC", "1")
+    decode = call()
+    assert_close(sm90, decode.double(), 2 * OUT_TOL[torch.bfloat16], "sm_90a vs decode kernels")
+    assert not torch.equal(sm90, decode), "the prefill call ran the decode kernels"
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 def test_paged_varlen_equals_contiguous_varlen(device, num_splits):
     """The paged call computes what flash_attn_varlen_func computes on the same keys laid

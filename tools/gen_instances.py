@@ -92,7 +92,7 @@ def sm90_instances(types, stream):
         for long in (False, True) if d in SM90_FWD_LONG else (False,):
             yield (f"fwd_sm90_{dt}_hdim{d}{'_long' if long else ''}{'_scoremod' if mod else ''}",
                    f"template bool run_fwd_sm90<FwdSm90Config<{types[dt]}, {d}, {b(mod)}{', true' if long else ''}>>("
-                   f"const fmha_fwd_params&, {stream});")
+                   f"const fmha_fwd_params&, {stream}, const FwdSm90Pages*);")
     for dt, d, mod in itertools.product(types, SM90_BWD_HEAD_DIMS, (False, True)):
         yield (f"bwd_sm90_{dt}_hdim{d}{'_scoremod' if mod else ''}",
                f"template bool run_bwd_sm90<BwdSm90Config<{types[dt]}, {d}, {b(mod)}>>("

@@ -3,7 +3,7 @@
 tile-unaligned lengths, causal/window/softcap/ALiBi/dropout, GQA, varlen with an empty
 sequence, deterministic and atomic backward, each head-dim class once, the sm_90a forward
 and backward; decode with paged, 8-bit and split caches, appends, rotary, and metadata out of
-range (clamped).
+range (clamped); prefill chunks over pages (the sm_90a forward reading them).
 
     compute-sanitizer --tool memcheck --kernel-regex kns=fmha python tools/sanitize_cases.py
 """
@@ -57,6 +57,23 @@ def run_decode(d, page=None, quant=None, splits=0, bad=False, dtype=torch.bfloat
     fmha.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cache_seqlens=seqlens, num_splits=splits, **extra, **kw)
 
 
+def run_paged_prefill(d, page, bad=False, **kw):
+    """flash_attn_varlen_func over pages with prefill chunks (the sm_90a forward reading pages,
+    fwd_paged_sm90): the last chunk of each sequence straddles its end; with bad=True, pages
+    and lengths past the cache (clamped)."""
+    lens_q, lens_k, hk, hq = [100, 1, 0, 70], [333, 40, 16, 70], 2, 4
+    width = -(-max(lens_k) // page) + 1
+    kc, vc = (torch.randn(4 * width, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.randperm(4 * width, device="cuda").to(torch.int32).view(4, width)
+    seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    if bad:
+        table[0, 1], table[3, 0] = 10**6, -3
+        seqused[1] = 1 << 30
+    cu = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), hq, d, device="cuda", dtype=torch.bfloat16)
+    fmha.flash_attn_varlen_func(q, kc, vc, cu, None, max(lens_q), None, block_table=table, seqused_k=seqused, **kw)
+
+
 def main():
     slopes = torch.rand(4, device="cuda")
     run(2, 200, 200, 4, 2, 128, causal=True)
@@ -95,6 +112,9 @@ def main():
     run_decode(128, page=16, bad=True, splits=4, causal=True)
     run_decode(80, bad=True, dtype=torch.float16)
     run_decode(64, quant=torch.int8, dtype=torch.float32, causal=True)  # fp32 row-wise path
+    run_paged_prefill(128, 16, causal=True)
+    run_paged_prefill(64, 256)
+    run_paged_prefill(96, 48, bad=True, causal=True)
     torch.cuda.synchronize()
     print("sanitize cases done")
 

@@ -33,12 +33,17 @@ struct Sequence {
     if (s.varlen) {
       const int32_t q0 = clamp(p.cu_seqlens_q[b], 0, p.total_q);
       const int32_t q1 = clamp(p.cu_seqlens_q[b + 1], q0, p.total_q);
-      const int32_t k0 = clamp(p.cu_seqlens_k[b], 0, p.total_k);
-      const int32_t k1 = clamp(p.cu_seqlens_k[b + 1], k0, p.total_k);
       s.q_row0 = q0;
-      s.k_row0 = k0;
       s.len_q = clamp(q1 - q0, 0, p.seqlen_q);
-      s.k_rows = k1 - k0;
+      if (p.cu_seqlens_k != nullptr) {
+        const int32_t k0 = clamp(p.cu_seqlens_k[b], 0, p.total_k);
+        const int32_t k1 = clamp(p.cu_seqlens_k[b + 1], k0, p.total_k);
+        s.k_row0 = k0;
+        s.k_rows = k1 - k0;
+      } else {  // keys in a view of their own per sequence (a paged cache: fwd_paged_sm90)
+        s.k_row0 = 0;
+        s.k_rows = p.seqlen_k;
+      }
       s.len_k = clamp(s.k_rows, 0, p.seqlen_k);
     } else {
       s.q_row0 = 0;

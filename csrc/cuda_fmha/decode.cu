@@ -144,7 +144,9 @@ void decode(const fmha_decode_params& p, void* stream) {
   }
   if (p.seqlen_q == 0 || (p.cu_seqlens_q != nullptr && p.total_q == 0)) return;
 
-  // 2. Attention.
+  // 2. Attention: prefill chunks over a paged cache on the sm_90a forward where it takes
+  // them (fwd_paged_sm90, dispatch.cu), else the kernels here.
+  if (fwd_paged_sm90(p, s)) return;
   if (p.dtype == FMHA_DTYPE_FLOAT32) {
     with_types(p, [&](auto types) {
       using Ty = decltype(types);

@@ -19,9 +19,11 @@
 
 #include <math.h>
 
+#include "../common/kv_cache.h"
 #include "../common/sequence.h"
 #include "../common/softmax.h"
 #include "fmha/fmha.h"
+#include "launch.h"
 #include "scores.h"
 #include "tile/mma.h"
 #include "tile/sm90.h"
@@ -30,8 +32,11 @@
 namespace fmha {
 namespace cuda {
 
+// What the producer reads through: the copy engine's maps of q, k and v, and the block table
+// when k and v are a paged cache (pages.block_table non-null; FwdSm90Pages, launch.h).
 struct FwdSm90Maps {
   CUtensorMap q, k, v;
+  FwdSm90Pages pages;
 };
 
 // How O leaves a tile (FwdSm90Traits::kOStore).
@@ -123,6 +128,62 @@ struct FwdTileWork {
   __device__ __forceinline__ bool has_rows() const { return m0 < seq.len_q; }
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A paged cache comes in boxes of pg.box_rows keys (a divisor of both the page size and
+// kBlockN, so a box never crosses a page), lane c of the producer's first warp bringing box
+// c of a key block.  The page of that box for key block n0, or num_pages, outside the map,
+// for boxes past the sequence's keys: the copy engine writes zeros for those and touches no
+// memory.  The producer looks block i + 1's pages up while it waits for block i's slots, so
+// that the read of the table is off the loads' path, and reuses K_i's pages for V_i.
+template <class K>
+__device__ __forceinline__ int box_page(const FwdSm90Pages& pg, const FwdTileWork& w, int n0) {
+  const int lane = threadIdx.x % 32, key = n0 + pg.box_rows * lane;
+  if (pg.box_rows * lane >= K::kBlockN || key >= w.seq.len_k) return pg.num_pages;
+  return clamp_index(pg.block_table[(int64_t)w.b * pg.table_stride + key / pg.page_size], 0, pg.num_pages - 1);
+}
+
+// Key block [n0, n0 + kBlockN) of sequence w.b from a paged cache into `tile`: each lane its
+// box (box_page), all arriving on `full`.  With `v` given (V blocks), the box that holds the
+// sequence's end comes by cp.async instead, its rows past the end zero-filled: P's zeros there
+// must not meet a NaN or inf in an unfilled cache slot (K's rows past the end only reach
+// scores that the mask replaces).
+template <class K>
+__device__ __forceinline__ void load_pages(typename K::T* tile, const CUtensorMap* map, uint64_t* full,
+                                           const FwdSm90Pages& pg, const FwdTileWork& w, int n0, int page,
+                                           int head_dim, const fmha_tensor* v) {
+  using T = typename K::T;
+  using TileKV = typename K::TileKV;
+  const int lane = threadIdx.x % 32, rows = pg.box_rows, key = n0 + rows * lane, len = w.seq.len_k;
+  const bool mine = rows * lane < K::kBlockN;
+  const bool straddles = v != nullptr && mine && key < len && key + rows > len;
+  const unsigned cut = __ballot_sync(~0u, straddles);
+  if (cut != 0) {
+    const int src = __ffs(cut) - 1, key0 = n0 + rows * src, page0 = __shfl_sync(~0u, page, src);
+    const T* base = static_cast<const T*>(v->data) + page0 * v->batch_stride +
+                    (int64_t)(key0 % pg.page_size) * v->row_stride + (int64_t)w.hk * v->head_stride;
+    constexpr int kCols = K::kHeadDim / 8;  // 16-byte chunks of a row (head_dim is a multiple of 8)
+#pragma unroll 1
+    for (int idx = lane; idx < rows * kCols; idx += 32) {
+      const int r = idx / kCols, c = idx % kCols * 8;
+      const bool in = key0 + r < len && c < head_dim;
+      cp_async_16(tile + TileKV::offset(rows * src + r, c), in ? base + r * v->row_stride + c : base, in ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();  // the plain copies, before the tensor cores read them
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive_expect_tx(full, TileKV::kBytes - (cut != 0 ? rows * TileKV::kSpan * TileKV::kSlabs : 0));
+  __syncwarp();
+  if (mine && !straddles) {
+#pragma unroll
+    for (int s = 0; s < TileKV::kSlabs; ++s)
+      tma_load_4d(tile + s * (TileKV::kSlabBytes / 2) + rows * lane * TileKV::kSlab, map, full, s * TileKV::kSlab,
+                  key % pg.page_size, w.hk, page);
+  }
+}
+#endif
+
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ fmha_fwd_params p, const __grid_constant__ FwdSm90Maps maps) {
@@ -165,16 +226,20 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   __syncthreads();
 
   // ---------------------------------------------------------------- producer
-  // One thread issues every copy.  K and V blocks run through their rings under a count
-  // `it` that continues from tile to tile, in the consumers' order K_0, K_1, V_0, K_2, V_1,
-  // ...; the next tile's K_0 goes out before its Q, whose buffer the consumers free only
-  // after their epilogue.
+  // One thread issues every copy (the first warp, from a paged cache: load_pages).  K and V
+  // blocks run through their rings under a count `it` that continues from tile to tile, in
+  // the consumers' order K_0, K_1, V_0, K_2, V_1, ...; the next tile's K_0 goes out before
+  // its Q, whose buffer the consumers free only after their epilogue.
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    if (tid != 0) return;
-    prefetch_tensormap(&maps.q);
-    prefetch_tensormap(&maps.k);
-    prefetch_tensormap(&maps.v);
+    const bool paged = maps.pages.block_table != nullptr;
+    if (tid >= (paged ? 32 : 1)) return;
+    const bool leader = tid == 0;
+    if (leader) {
+      prefetch_tensormap(&maps.q);
+      prefetch_tensormap(&maps.k);
+      prefetch_tensormap(&maps.v);
+    }
     int it = 0, q_phase = 0;
     order.for_each([&](int m_block, int h, int b) {
       const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN);
@@ -182,32 +247,42 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // Map coordinates: varlen maps span the packed rows of one "batch".
       const int batch = w.seq.varlen ? 0 : b;
       const int k_row = (int)w.seq.k_row0;
-      auto load = [&](T* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, int i) {
+      auto load = [&](T* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, int i, int page) {
         const int stage = (it + i) % kStages;
         mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
-        mbar_arrive_expect_tx(full + stage, TileKV::kBytes);
         T* tile = ring + stage * (TileKV::kBytes / 2);
+        if (paged)
+          return load_pages<K>(tile, map, full + stage, maps.pages, w, (w.n_end - 1 - i) * kBlockN, page,
+                               pr.head_dim, ring == sV ? &p.v : nullptr);
+        mbar_arrive_expect_tx(full + stage, TileKV::kBytes);
         const int row = k_row + (w.n_end - 1 - i) * kBlockN;
 #pragma unroll
         for (int s = 0; s < TileKV::kSlabs; ++s)
           tma_load_4d(tile + s * (TileKV::kSlabBytes / 2), map, full + stage, s * TileKV::kSlab, row, w.hk, batch);
       };
-      if (w.n_blocks > 0) load(sK, &maps.k, full_k, empty_k, 0);
+      auto page_of = [&](int i) {
+        return paged && i < w.n_blocks ? box_page<K>(maps.pages, w, (w.n_end - 1 - i) * kBlockN) : 0;
+      };
+      int page = page_of(0), page_next = page_of(1);
+      if (w.n_blocks > 0) load(sK, &maps.k, full_k, empty_k, 0, page);
       mbar_wait(empty_q, q_phase ^ 1);
-      if (w.n_blocks > 0) {
+      if (leader && w.n_blocks > 0) {
         mbar_arrive_expect_tx(full_q, TileQ::kBytes);
 #pragma unroll
         for (int s = 0; s < TileQ::kSlabs; ++s)
           tma_load_4d(sQ + s * (TileQ::kSlabBytes / 2), &maps.q, full_q, s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0,
                       h, batch);
-      } else {
+      } else if (leader) {
         mbar_arrive(full_q);  // rows that see no key: the consumers only write zeros through sQ
       }
       for (int i = 1; i < w.n_blocks; ++i) {
-        load(sK, &maps.k, full_k, empty_k, i);
-        load(sV, &maps.v, full_v, empty_v, i - 1);
+        const int page_prev = page;
+        page = page_next;
+        page_next = page_of(i + 1);
+        load(sK, &maps.k, full_k, empty_k, i, page);
+        load(sV, &maps.v, full_v, empty_v, i - 1, page_prev);
       }
-      if (w.n_blocks > 0) load(sV, &maps.v, full_v, empty_v, w.n_blocks - 1);
+      if (w.n_blocks > 0) load(sV, &maps.v, full_v, empty_v, w.n_blocks - 1, page);
       it += w.n_blocks;
       q_phase ^= 1;
     });
@@ -433,8 +508,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 }  // namespace fmha
 
 #include <algorithm>
+#include <numeric>
 
-#include "launch.h"
 #include "tma.h"
 
 namespace fmha {
@@ -443,7 +518,7 @@ namespace cuda {
 // Returns false, launching nothing, when the copy engine cannot describe the tensors (the
 // caller then runs the mma.sync kernel).
 template <class K>
-bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream) {
+bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pages* pages) {
   const fmha_problem& pr = p.problem;
   const bool varlen = pr.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? pr.total_q : pr.seqlen_q, rows_k = varlen ? pr.total_k : pr.seqlen_k;
@@ -453,9 +528,18 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream) {
     return encode_tensor_map(map, t.data, pr.dtype, pr.head_dim, rows, heads, batches, t.row_stride, t.head_stride,
                              t.batch_stride, K::TileQ::kSlab, box_rows);
   };
-  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) ||
-      !encode(&maps.k, p.k, rows_k, pr.num_heads_k, K::kBlockN) ||
-      !encode(&maps.v, p.v, rows_k, pr.num_heads_k, K::kBlockN))
+  // A paged cache is read in boxes of (page row, head, page) with as many rows as divide both
+  // the page and the key block (box_page): one box per block for pages of 256 and 128-key
+  // blocks, eight of 16 rows for pages of 16.
+  maps.pages = pages != nullptr ? *pages : FwdSm90Pages{};
+  maps.pages.box_rows = pages != nullptr ? std::gcd(pages->page_size, K::kBlockN) : 0;
+  auto encode_kv = [&](CUtensorMap* map, const fmha_tensor& t) {
+    if (pages == nullptr) return encode(map, t, rows_k, pr.num_heads_k, K::kBlockN);
+    return encode_tensor_map(map, t.data, pr.dtype, pr.head_dim, pages->page_size, pr.num_heads_k, pages->num_pages,
+                             t.row_stride, t.head_stride, t.batch_stride, K::TileQ::kSlab, maps.pages.box_rows);
+  };
+  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) || !encode_kv(&maps.k, p.k) ||
+      !encode_kv(&maps.v, p.v))
     return false;
   const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
                                        device_sm_count());

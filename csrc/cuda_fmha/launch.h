@@ -33,9 +33,25 @@ void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, i
 template <class Traits>
 void run_fwd(const fmha_fwd_params& p, cudaStream_t stream);
 
+// A paged K/V cache for the sm_90a forward (the paged varlen call, fwd_paged_sm90): k and v
+// of the forward's params are then (num_pages, page_size, Hk, D) with batch_stride between
+// pages, and keys [j, j + page_size) of sequence b, j a multiple of page_size, live in page
+// block_table[b * table_stride + j / page_size].  page_size is a multiple of 16.
+struct FwdSm90Pages {
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 0;
+  int32_t page_size = 0, num_pages = 0;
+  int32_t box_rows = 0;  // set by run_fwd_sm90: rows per copy (load_pages)
+};
+
 // The sm_90a forward; false when the copy engine cannot describe the tensors (fwd_sm90_kernel.h).
+// `pages`, when given, makes k and v a paged cache.
 template <class Traits>
-bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream);
+bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pages* pages = nullptr);
+
+// The packed-query call over a paged cache (flash_attn_varlen_func with block_table) on the
+// sm_90a forward; false, launching nothing, when that path does not take it (dispatch.cu).
+bool fwd_paged_sm90(const fmha_decode_params& p, cudaStream_t stream);
 
 template <class Traits>
 void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool atomic_dq, cudaStream_t stream);

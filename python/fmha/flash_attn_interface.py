@@ -153,7 +153,9 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     aligned bottom-right on each sequence's lengths; windows, softcap, ALiBi, GQA; fp8 e4m3
     or int8 caches with k_descale/v_descale.  Forward only: dropout_p must be 0, and a
     backward through the result raises.  Device-resident metadata is clamped by the
-    kernels; FMHA_CHECK_METADATA=1 checks it on the host first (a synchronization).
+    kernels; FMHA_CHECK_METADATA=1 checks it on the host first (a synchronization).  On
+    compute capability 9.0 GPUs a call with prefill chunks (max_seqlen_q >= 64) over a
+    16-bit cache runs the sm_90a forward reading the pages (docs/api.md).
 
     Keyword-only, FlashAttention-3's names: out= as in flash_attn_func ((total_q, nheads,
     headdim)); return_softmax_lse=True returns (out, softmax_lse) (not combinable with

@@ -3,6 +3,6 @@
 
 namespace fmha {
 namespace cuda {
-template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_fwd_params&, cudaStream_t);
+template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 }  // namespace cuda
 }  // namespace fmha
