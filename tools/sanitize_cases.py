@@ -59,8 +59,8 @@ def run_decode(d, page=None, quant=None, splits=0, bad=False, dtype=torch.bfloat
 
 def run_paged_prefill(d, page, bad=False, **kw):
     """flash_attn_varlen_func over pages with prefill chunks (the sm_90a forward reading pages,
-    fwd_paged_sm90): the last chunk of each sequence straddles its end; with bad=True, pages
-    and lengths past the cache (clamped)."""
+    fwd_paged_sm90): most sequences end inside a copy box (their V box by cp.async); with
+    bad=True, pages and lengths past the cache (clamped)."""
     lens_q, lens_k, hk, hq = [100, 1, 0, 70], [333, 40, 16, 70], 2, 4
     width = -(-max(lens_k) // page) + 1
     kc, vc = (torch.randn(4 * width, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))

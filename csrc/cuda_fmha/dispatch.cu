@@ -148,7 +148,8 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pa
 }
 
 // True when the sm_90a forward ran the call.  seqused_k only comes with a paged cache, whose
-// loads zero the keys past each sequence's end (load_pages); the contiguous loads do not.
+// loads zero the values past each sequence's end (load_pages): the contiguous loads read
+// whatever rows follow, and a NaN there would meet P's zeros.
 template <class T>
 bool fwd_sm90(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages = nullptr) {
 #ifdef FMHA_WITH_SM90A
@@ -403,7 +404,8 @@ void fwd(const fmha_fwd_params& p, void* stream) {
 // prefill, vLLM's one call) as a varlen forward whose sequence b has cache_seqlens[b] keys
 // in its pages: the decode kernels split each sequence's keys over CTAs for few query rows,
 // which prefill chunks of hundreds of rows waste (5.4-6.9x the contiguous varlen time on an
-// H200).  Taken from 64 query rows per sequence (p.seqlen_q is the longest) for 16-bit
+// H200).  Taken from 64 query rows in some sequence (p.seqlen_q is the longest; a threshold
+// not tuned yet) for 16-bit
 // caches of q's dtype, head dims from 33 that are multiples of 8, without append, rotary or
 // leftpad; the mask aligns bottom-right per sequence as in the decode kernels, and packed
 // rows no sequence owns are left as they are.

@@ -717,17 +717,14 @@ class Compiler:
             wr = sreg_write(ops[0], 32)
             v = sx(int(ops[1].k, 0) & 0xFFFF, 16) & 0xFFFFFFFF
             return (lambda w: wr(w, v)), ops[:1], []
-        if name in ("s_addk_i32", "s_mulk_i32"):  # D = D op the sign-extended 16-bit constant
+        if name == "s_addk_i32":  # D = D + the sign-extended 16-bit constant
             rd, wr = sreg_read(ops[0], 32), sreg_write(ops[0], 32)
             k = sx(int(ops[1].k, 0) & 0xFFFF, 16)
-            if name == "s_addk_i32":
-                def f(w):
-                    r = sx(rd(w)) + k
-                    wr(w, r & 0xFFFFFFFF)
-                    w.scc = int(not -2**31 <= r < 2**31)  # signed overflow, as s_add_i32
-            else:
-                def f(w):
-                    wr(w, (sx(rd(w)) * k) & 0xFFFFFFFF)
+
+            def f(w):
+                r = sx(rd(w)) + k
+                wr(w, r & 0xFFFFFFFF)
+                w.scc = int(not -2**31 <= r < 2**31)  # signed overflow, as s_add_i32
             return f, ops[:1], ops[:1]
         if name == "s_setreg_imm32_b32" or name.startswith(("s_getreg", "s_setreg")):
             raise Unsupported(ins.text)
