@@ -341,12 +341,10 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
   if (pr.batch == 0) return;
   float* delta = static_cast<float*>(p.workspace);
   float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + delta_bytes(pr));
-  if (pr.seqlen_q > 0) {
-    bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
-    check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
-  }
   if constexpr (sizeof(T) == 4) {
     if (pr.seqlen_q > 0) {
+      rowwise_bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
+      check_cuda(cudaGetLastError(), "rowwise_bwd_delta_kernel launch");
       rowwise_bwd_dq_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
       check_cuda(cudaGetLastError(), "rowwise_bwd_dq_kernel launch");
     }
@@ -355,13 +353,20 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
       check_cuda(cudaGetLastError(), "rowwise_bwd_dkdv_kernel launch");
     }
   } else {
+    // delta, and zeros in the fp32 dQ accumulator (dq_accum_bytes is a multiple of 16), in one pass.
     const size_t accum = dq_accum_bytes(p);
-    if (accum > 0) check_cuda(cudaMemsetAsync(dq_accum, 0, accum, s), "cudaMemsetAsync(dq_accum)");
+    if (pr.seqlen_q > 0 || accum > 0) {
+      const dim3 grid(std::max(1, ceil_div(pr.seqlen_q, kAuxRows)), pr.num_heads_q, pr.batch);
+      bwd_delta_kernel<T><<<grid, kAuxThreads, 0, s>>>(p, delta, reinterpret_cast<float4*>(dq_accum),
+                                                        (int64_t)(accum / 16));
+      check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
+    }
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
     bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
-    if (accum > 0 && q_rows(pr) > 0) {
-      dq_convert_kernel<T><<<dim3(ceil_div(q_rows(pr), kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
-          p, dq_accum, q_rows(pr), padded_head_dim(pr.head_dim));
+    if (accum > 0) {
+      const int64_t chunks = q_rows(pr) * pr.num_heads_q * (padded_head_dim(pr.head_dim) / 8);
+      dq_convert_kernel<T><<<ceil_div(chunks, kAuxThreads), kAuxThreads, 0, s>>>(p, dq_accum, q_rows(pr),
+                                                                                 padded_head_dim(pr.head_dim));
       check_cuda(cudaGetLastError(), "dq_convert_kernel launch");
     }
   }
