@@ -353,12 +353,11 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
       check_cuda(cudaGetLastError(), "rowwise_bwd_dkdv_kernel launch");
     }
   } else {
-    // delta, and zeros in the fp32 dQ accumulator (dq_accum_bytes is a multiple of 16), in one pass.
+    // delta, and zeros in the fp32 dQ accumulator, in one pass.
     const size_t accum = dq_accum_bytes(p);
     if (pr.seqlen_q > 0 || accum > 0) {
       const dim3 grid(std::max(1, ceil_div(pr.seqlen_q, kAuxRows)), pr.num_heads_q, pr.batch);
-      bwd_delta_kernel<T><<<grid, kAuxThreads, 0, s>>>(p, delta, reinterpret_cast<float4*>(dq_accum),
-                                                        (int64_t)(accum / 16));
+      bwd_delta_kernel<T><<<grid, kAuxThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
       check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
     }
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);

@@ -107,19 +107,28 @@ __device__ __forceinline__ int chunk_lanes(int head_dim) {
   return chunks >= 32 ? 32 : chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : chunks > 2 ? 4 : chunks;
 }
 
+// A C caller may hand the workspace over at any 4-byte offset (the accumulator is then read
+// and written a float at a time).
+__device__ __forceinline__ bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
 // delta = dO . O - dLSE per query row (laid out like the LSE), rows [64 x, 64 x + 64) of
 // sequence z, head y; and zeros for a share of the fp32 dQ accumulator (`zero`, `zero_count`
-// 16-byte vectors, split evenly over the CTAs), which the backward then accumulates into.
-// Grid (max(1, ceil(seqlen_q / kAuxRows)), Hq, batch).
+// floats, a multiple of 4, split evenly over the CTAs), which the backward then accumulates
+// into.  Grid (max(1, ceil(seqlen_q / kAuxRows)), Hq, batch).
 template <class T>
 __global__ void __launch_bounds__(kAuxThreads) bwd_delta_kernel(const __grid_constant__ fmha_bwd_params p,
-                                                                 float* delta, float4* zero, int64_t zero_count) {
+                                                                 float* delta, float* zero, int64_t zero_count) {
   const fmha_problem& pr = p.problem;
   if (zero_count > 0) {
-    const int64_t ctas = (int64_t)gridDim.x * gridDim.y * gridDim.z;
+    const int64_t ctas = (int64_t)gridDim.x * gridDim.y * gridDim.z, vecs = zero_count / 4;
     const int64_t cta = blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z);
-    const int64_t share = (zero_count + ctas - 1) / ctas, end = min(zero_count, (cta + 1) * share);
-    for (int64_t i = cta * share + threadIdx.x; i < end; i += kAuxThreads) zero[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int64_t share = (vecs + ctas - 1) / ctas, end = min(vecs, (cta + 1) * share);
+    for (int64_t i = cta * share + threadIdx.x; i < end; i += kAuxThreads) {
+      if (aligned16(zero))
+        reinterpret_cast<float4*>(zero)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      else
+        zero[4 * i] = zero[4 * i + 1] = zero[4 * i + 2] = zero[4 * i + 3] = 0.f;
+    }
   }
   const Sequence seq = Sequence::get(pr, blockIdx.z);
   const int h = blockIdx.y, lanes = chunk_lanes(pr.head_dim), slots = kAuxThreads / lanes;
@@ -171,9 +180,13 @@ __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const __grid_co
     off = (bh / pr.num_heads_q) * p.dq.batch_stride + (lse_index % pr.seqlen_q) * p.dq.row_stride +
           (bh % pr.num_heads_q) * p.dq.head_stride;
   }
-  const float4* src =
-      reinterpret_cast<const float4*>(dq_accum + lse_index * head_dim_padded + (col ^ dq_accum_swizzle(lse_index)));
-  const float4 a = src[0], b = src[1];
+  const float* src = dq_accum + lse_index * head_dim_padded + (col ^ dq_accum_swizzle(lse_index));
+  float4 a, b;
+  if (aligned16(dq_accum)) {
+    a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  } else {
+    a = make_float4(src[0], src[1], src[2], src[3]), b = make_float4(src[4], src[5], src[6], src[7]);
+  }
   const float sc = pr.scale;
   uint4 out;
   out.x = pack2<T>(a.x * sc, a.y * sc), out.y = pack2<T>(a.z * sc, a.w * sc);
