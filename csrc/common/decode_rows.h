@@ -99,11 +99,6 @@ FMHA_DEVICE void decode_append_row(const fmha_decode_params& p, int64_t item, in
   }
 }
 
-// 16 bytes of fp32, for the combine's vector loads (CUDA's and HIP's float4 differ).
-struct alignas(16) Float4 {
-  float x, y, z, w;
-};
-
 // Lane groups per output row of the split combine: up to 8, about two splits each (one
 // group per row when there are two, so that a block then combines several rows).
 FMHA_HOST_DEVICE int decode_combine_parts(int splits) {

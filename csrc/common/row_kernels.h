@@ -16,6 +16,8 @@
 //   broadcast(x, t)               x of lane t
 //   sync()                        orders the group's shared-memory accesses (__syncwarp)
 //   load<T>(base, i), store<T>(base, i, x)   element i of a T tensor as a float
+//   from_bits<T>(b), to_bits<T>(x)  a 16-bit T's bits and a float (round to nearest even)
+//   shfl_xor(x, m)                x of lane (this lane ^ m)
 //   tanh(x), exp(x), log(x)       the backend's versions (HIP avoids device-library calls)
 #pragma once
 
@@ -230,7 +232,8 @@ FMHA_DEVICE void row_bwd_dkdv(const fmha_bwd_params& p, const float* delta, cons
 
 // ---- helpers of the matrix-unit path ----
 
-// D_i = dO_i . O_i - dLSE_i, laid out like the LSE.
+// D_i = dO_i . O_i - dLSE_i, laid out like the LSE (the fp32 path's; 16-bit tensors take
+// chunk_bwd_delta below).
 template <class G, class T>
 FMHA_DEVICE void row_bwd_delta(const fmha_bwd_params& p, float* delta, const RowId& w) {
   const fmha_problem& pr = p.problem;
@@ -243,21 +246,138 @@ FMHA_DEVICE void row_bwd_delta(const fmha_bwd_params& p, float* delta, const Row
   if (w.lane == 0) delta[idx] = dot - (p.dlse ? p.dlse[idx] : 0.f);
 }
 
-// dQ = scale * accumulator for dq row `row` (of all rows; none of a sequence gets 0), head
-// h; fixed-length rows are b * Sq + i.
+// ---- the 16-bit backward's helpers on 16-byte chunks ----
+//
+// 16-bit tensors have 16-byte aligned rows and a head_dim that is a multiple of 8 (both
+// backends check it), so these move 8 elements per access, a row's chunks spread over a
+// power-of-two group of lanes.  (Warp-per-row bodies moving 2-byte elements, four rows per
+// CTA, took 118-151 us per backward at 16k tokens x 2048, D = 64, on an H200 against
+// about 35 for the bytes: benchmarks/results/2026-12-02-h200-bwd-aux.)
+
+constexpr int kChunkThreads = 256, kChunkRows = 64;  // chunk_bwd_delta: threads and query rows per CTA
+
+// Lanes per row: its 16-byte chunks rounded up to a power of two (at most 32).
+FMHA_HOST_DEVICE int chunk_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes < head_dim / 8 && lanes < 32) lanes *= 2;
+  return lanes;
+}
+
+// 16 bytes, for vector loads and stores (CUDA's and HIP's uint4 and float4 differ).
+struct alignas(16) Chunk16 {
+  uint32_t w[4];
+};
+struct alignas(16) Float4 {
+  float x, y, z, w;
+};
+
+// Elements [i, i + 8) of a 16-bit T tensor (16-byte aligned) as floats, and back.
 template <class G, class T>
-FMHA_DEVICE void row_dq_convert(const fmha_bwd_params& p, const float* dq_accum, int64_t rows, int head_dim_padded,
-                                int64_t row, int h, int lane) {
-  if (row >= rows) return;
+FMHA_DEVICE void load8(const void* base, int64_t i, float (&x)[8]) {
+  const Chunk16 c = *reinterpret_cast<const Chunk16*>(static_cast<const uint16_t*>(base) + i);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[2 * e] = G::template from_bits<T>((uint16_t)(c.w[e] & 0xFFFFu));
+    x[2 * e + 1] = G::template from_bits<T>((uint16_t)(c.w[e] >> 16));
+  }
+}
+template <class G, class T>
+FMHA_DEVICE void store8(void* base, int64_t i, const float (&x)[8]) {
+  Chunk16 c;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    c.w[e] = (uint32_t)G::template to_bits<T>(x[2 * e]) | ((uint32_t)G::template to_bits<T>(x[2 * e + 1]) << 16);
+  *reinterpret_cast<Chunk16*>(static_cast<uint16_t*>(base) + i) = c;
+}
+
+// A C caller may hand the workspace over at any 4-byte offset: the accumulator is then read
+// and written a float at a time.
+FMHA_DEVICE bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
+// CTAs along x of chunk_bwd_delta's grid (x, Hq, batch).
+FMHA_HOST_DEVICE int chunk_delta_blocks(const fmha_problem& pr) {
+  return pr.seqlen_q > kChunkRows ? (pr.seqlen_q + kChunkRows - 1) / kChunkRows : 1;
+}
+
+// CTA (x, h, b) of kChunkThreads threads (this one `tid`): delta = dO . O - dLSE for query
+// rows [kChunkRows * x, kChunkRows * (x + 1)) of sequence b, head h, laid out like the LSE;
+// and zeros in the CTA's share of the fp32 dQ accumulator (`zero`, `zero_count` floats, a
+// multiple of 4, split evenly over the grid), which the backward then adds into.
+template <class G, class T>
+FMHA_DEVICE void chunk_bwd_delta(const fmha_bwd_params& p, float* delta, float* zero, int64_t zero_count, int b,
+                                 int h, int x, int tid) {
   const fmha_problem& pr = p.problem;
-  const bool varlen = pr.cu_seqlens_q != nullptr;
-  const int64_t off = varlen ? row * p.dq.row_stride + (int64_t)h * p.dq.head_stride
-                             : (row / pr.seqlen_q) * p.dq.batch_stride + (row % pr.seqlen_q) * p.dq.row_stride +
-                                   (int64_t)h * p.dq.head_stride;
-  LaneRow<G> acc;
-  const int64_t index = dq_accum_index_of_row(pr, row, h, head_dim_padded);
-  acc.template load<float>(dq_accum, index, pr.head_dim, lane, dq_accum_swizzle(index / head_dim_padded));
-  acc.template store<T>(p.dq.data, off, pr.head_dim, lane, pr.scale);
+  if (zero_count > 0) {
+    const int64_t gx = chunk_delta_blocks(pr), ctas = gx * pr.num_heads_q * pr.batch;
+    const int64_t cta = x + gx * (h + (int64_t)pr.num_heads_q * b);
+    const int64_t vecs = zero_count / 4, share = (vecs + ctas - 1) / ctas;
+    const int64_t end = vecs < (cta + 1) * share ? vecs : (cta + 1) * share;
+    for (int64_t i = cta * share + tid; i < end; i += kChunkThreads) {
+      if (aligned16(zero)) {
+        reinterpret_cast<Float4*>(zero)[i] = Float4{0.f, 0.f, 0.f, 0.f};
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) zero[4 * i + e] = 0.f;
+      }
+    }
+  }
+  const Sequence seq = Sequence::get(pr, b);
+  const int lanes = chunk_lanes(pr.head_dim), slots = kChunkThreads / lanes;
+  const int slot = tid / lanes, col = tid % lanes * 8;
+  const int i0 = x * kChunkRows, i_end = seq.len_q < i0 + kChunkRows ? seq.len_q : i0 + kChunkRows;
+  // Every lane takes every step: the sum shuffles within its group of lanes.
+  for (int r = 0; r < kChunkRows; r += slots) {
+    const int i = i0 + r + slot;
+    const bool row = r + slot < kChunkRows && i < i_end;
+    float dot = 0.f;
+    if (row && col < pr.head_dim) {
+      float o[8], d[8];
+      load8<G, T>(p.out.data, seq.q_offset(p.out, i, h) + col, o);
+      load8<G, T>(p.dout.data, seq.q_offset(p.dout, i, h) + col, d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(o[e], d[e], dot);
+    }
+    for (int m = lanes / 2; m > 0; m /= 2) dot += G::shfl_xor(dot, m);
+    if (row && col == 0) {
+      const int64_t idx = seq.lse_index(pr, i, h);
+      delta[idx] = dot - (p.dlse ? p.dlse[idx] : 0.f);
+    }
+  }
+}
+
+// dQ = scale * accumulator for 8-column chunk `c` of the accumulator, walked in its own
+// order: row lse_index (the LSE's), columns swizzled by dq_accum_swizzle within 8-aligned
+// chunks; rows outside every sequence get the accumulator's zeros.  rows: q's rows
+// (varlen: total_q; else batch * Sq).
+template <class G, class T>
+FMHA_DEVICE void chunk_dq_convert(const fmha_bwd_params& p, const float* dq_accum, int64_t rows, int head_dim_padded,
+                                  int64_t c) {
+  const fmha_problem& pr = p.problem;
+  const int chunks = head_dim_padded / 8;
+  if (c >= rows * pr.num_heads_q * chunks) return;
+  const int64_t lse_index = c / chunks;
+  const int col = (int)(c % chunks) * 8;
+  if (col >= pr.head_dim) return;
+  int64_t off;
+  if (pr.cu_seqlens_q != nullptr) {
+    off = (lse_index % pr.total_q) * p.dq.row_stride + (lse_index / pr.total_q) * p.dq.head_stride;
+  } else {
+    const int64_t bh = lse_index / pr.seqlen_q;
+    off = (bh / pr.num_heads_q) * p.dq.batch_stride + (lse_index % pr.seqlen_q) * p.dq.row_stride +
+          (bh % pr.num_heads_q) * p.dq.head_stride;
+  }
+  const float* src = dq_accum + lse_index * head_dim_padded + (col ^ dq_accum_swizzle(lse_index));
+  float x[8];
+  if (aligned16(dq_accum)) {
+    const Float4 a = reinterpret_cast<const Float4*>(src)[0], b = reinterpret_cast<const Float4*>(src)[1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = v[e] * pr.scale;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = src[e] * pr.scale;
+  }
+  store8<G, T>(p.dq.data, off + col, x);
 }
 
 // Varlen row `row` of head h, if outside every sequence ([0, cu[0]) and [cu[B], total)):

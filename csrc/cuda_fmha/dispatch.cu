@@ -356,15 +356,15 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
     // delta, and zeros in the fp32 dQ accumulator, in one pass.
     const size_t accum = dq_accum_bytes(p);
     if (pr.seqlen_q > 0 || accum > 0) {
-      const dim3 grid(std::max(1, ceil_div(pr.seqlen_q, kAuxRows)), pr.num_heads_q, pr.batch);
-      bwd_delta_kernel<T><<<grid, kAuxThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
+      const dim3 grid(chunk_delta_blocks(pr), pr.num_heads_q, pr.batch);
+      bwd_delta_kernel<T><<<grid, kChunkThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
       check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
     }
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
     bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
     if (accum > 0) {
       const int64_t chunks = q_rows(pr) * pr.num_heads_q * (padded_head_dim(pr.head_dim) / 8);
-      dq_convert_kernel<T><<<ceil_div(chunks, kAuxThreads), kAuxThreads, 0, s>>>(p, dq_accum, q_rows(pr),
+      dq_convert_kernel<T><<<ceil_div(chunks, kChunkThreads), kChunkThreads, 0, s>>>(p, dq_accum, q_rows(pr),
                                                                                  padded_head_dim(pr.head_dim));
       check_cuda(cudaGetLastError(), "dq_convert_kernel launch");
     }

@@ -139,12 +139,10 @@ void bwd_typed(const fmha_bwd_params& p, hipStream_t s) {
   if (pr.batch == 0) return;
   float* delta = static_cast<float*>(p.workspace);
   float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + delta_bytes(pr));
-  if (pr.seqlen_q > 0) {
-    bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kRowThreads, 0, s>>>(p, delta);
-    check_hip(hipGetLastError(), "bwd_delta_kernel launch");
-  }
   if constexpr (sizeof(T) == 4) {
     if (pr.seqlen_q > 0) {
+      rowwise_bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kRowThreads, 0, s>>>(p, delta);
+      check_hip(hipGetLastError(), "rowwise_bwd_delta_kernel launch");
       rowwise_bwd_dq_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kRowThreads, 0, s>>>(p, delta);
       check_hip(hipGetLastError(), "rowwise_bwd_dq_kernel launch");
     }
@@ -153,12 +151,18 @@ void bwd_typed(const fmha_bwd_params& p, hipStream_t s) {
       check_hip(hipGetLastError(), "rowwise_bwd_dkdv_kernel launch");
     }
   } else {
+    // delta, and zeros in the fp32 dQ accumulator, in one pass.
     const size_t accum = dq_accum_bytes(p);
-    if (accum > 0) check_hip(hipMemsetAsync(dq_accum, 0, accum, s), "hipMemsetAsync(dq_accum)");
+    if (pr.seqlen_q > 0 || accum > 0) {
+      const dim3 grid(chunk_delta_blocks(pr), pr.num_heads_q, pr.batch);
+      bwd_delta_kernel<T><<<grid, kChunkThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
+      check_hip(hipGetLastError(), "bwd_delta_kernel launch");
+    }
     bwd_matrix_core<T>(p, dq_accum, delta, s);
-    if (accum > 0 && q_rows(pr) > 0) {
-      dq_convert_kernel<T><<<dim3(ceil_div64(q_rows(pr), kRowWaves), pr.num_heads_q), kRowThreads, 0, s>>>(
-          p, dq_accum, q_rows(pr), padded_head_dim(pr.head_dim));
+    if (accum > 0) {
+      const int64_t chunks = q_rows(pr) * pr.num_heads_q * (padded_head_dim(pr.head_dim) / 8);
+      dq_convert_kernel<T><<<ceil_div64(chunks, kChunkThreads), kChunkThreads, 0, s>>>(p, dq_accum, q_rows(pr),
+                                                                                    padded_head_dim(pr.head_dim));
       check_hip(hipGetLastError(), "dq_convert_kernel launch");
     }
   }

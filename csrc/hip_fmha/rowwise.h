@@ -50,6 +50,15 @@ struct Wave {
     else
       static_cast<uint16_t*>(base)[i] = to_bits<T>(x);
   }
+  template <class T>
+  FMHA_DEVICE static float from_bits(uint16_t b) {
+    return to_float<T>(b);
+  }
+  template <class T>
+  FMHA_DEVICE static uint16_t to_bits(float x) {
+    return ::fmha::hip::to_bits<T>(x);
+  }
+  FMHA_DEVICE static float shfl_xor(float x, int m) { return lane_xor(x, m); }
   FMHA_DEVICE static float tanh(float x) { return tanh_f32(x); }
   FMHA_DEVICE static float exp(float x) { return fast_exp2(x * kLog2e); }
   FMHA_DEVICE static float log(float x) { return log2f(x) * kLn2; }
@@ -77,19 +86,26 @@ __global__ void __launch_bounds__(kRowThreads) rowwise_bwd_dkdv_kernel(const fmh
   row_bwd_dkdv<Wave, T>(p, delta, wave_row());
 }
 
-// ---- helpers of the matrix-core path ----
-
+// dO . O for the fp32 path (delta, laid out like the LSE).
 template <class T>
-__global__ void __launch_bounds__(kRowThreads) bwd_delta_kernel(const fmha_bwd_params p, float* delta) {
+__global__ void __launch_bounds__(kRowThreads) rowwise_bwd_delta_kernel(const fmha_bwd_params p, float* delta) {
   row_bwd_delta<Wave, T>(p, delta, wave_row());
 }
 
-// Grid (ceil(rows / kRowWaves), Hq).
+// ---- helpers of the matrix-core path (16-bit tensors; bodies in ../common/row_kernels.h) ----
+
+// Grid (chunk_delta_blocks, Hq, batch), kChunkThreads threads.
 template <class T>
-__global__ void __launch_bounds__(kRowThreads) dq_convert_kernel(const fmha_bwd_params p, const float* dq_accum,
-                                                                 int64_t rows, int head_dim_padded) {
-  row_dq_convert<Wave, T>(p, dq_accum, rows, head_dim_padded, (int64_t)block_x() * kRowWaves + wave_id(), block_y(),
-                          lane_id());
+__global__ void __launch_bounds__(kChunkThreads) bwd_delta_kernel(const fmha_bwd_params p, float* delta, float* zero,
+                                                                  int64_t zero_count) {
+  chunk_bwd_delta<Wave, T>(p, delta, zero, zero_count, block_z(), block_y(), block_x(), thread_id());
+}
+
+// Grid ceil(rows * Hq * head_dim_padded / 8 / kChunkThreads), kChunkThreads threads.
+template <class T>
+__global__ void __launch_bounds__(kChunkThreads) dq_convert_kernel(const fmha_bwd_params p, const float* dq_accum,
+                                                                   int64_t rows, int head_dim_padded) {
+  chunk_dq_convert<Wave, T>(p, dq_accum, rows, head_dim_padded, (int64_t)block_x() * kChunkThreads + thread_id());
 }
 
 // Grid (ceil(total / kRowWaves), heads).

@@ -17,6 +17,7 @@ DTYPE = {"fp32": 0, "fp16": 1, "bf16": 2}
 ESIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 BITS = {"fp32": np.uint32, "fp16": np.uint16, "bf16": np.uint16}
 ROW_WAVES = 4  # csrc/hip_fmha/rowwise.h kRowWaves (and decode_rowwise.h kCombineWaves)
+CHUNK_ROWS, CHUNK_THREADS = 64, 256  # csrc/common/row_kernels.h kChunkRows, kChunkThreads (16-bit backward helpers)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
@@ -356,10 +357,11 @@ def _tname(dtype):
 
 
 def bwd(arch, c, deterministic=False, order="sequential", patch=None, wg_order="forward", seed=0):
-    """The backward as dispatch.hip runs it for fp16/bf16: bwd_delta_kernel, bwd_kernel
-    (atomic dQ into the fp32 workspace, then dq_convert_kernel) or, deterministic,
-    bwd_kernel + bwd_dq_kernel; zero_outside_kernel for varlen.  Inputs: the reference
-    forward's out (rounded to dtype) and LSE.  Returns (dq, dk, dv, run)."""
+    """The backward as dispatch.hip runs it for fp16/bf16: bwd_delta_kernel (which also
+    zeros the fp32 dQ accumulator: the workspace starts as NaNs here, as uninitialized
+    memory may), bwd_kernel (atomic dQ into the accumulator, then dq_convert_kernel) or,
+    deterministic, bwd_kernel + bwd_dq_kernel; zero_outside_kernel for varlen.  Inputs: the
+    reference forward's out (rounded to dtype) and LSE.  Returns (dq, dk, dv, run)."""
     out_ref, lse_ref = c.reference()
     r = Run(arch, order, seed=seed, patch=patch, wg_order=wg_order)
     mem = r.mem
@@ -377,6 +379,7 @@ def bwd(arch, c, deterministic=False, order="sequential", patch=None, wg_order="
     delta_bytes = (rows_q * c.Hq * 4 + 255) // 256 * 256
     accum_bytes = 0 if deterministic or c.dtype == "fp32" else rows_q * c.Hq * hd * 4
     ws = mem.alloc(delta_bytes + accum_bytes, "workspace")
+    mem.write(ws, np.full(delta_bytes + accum_bytes, 0xFF, np.uint8))  # NaN in every float
     pr = c._problem(r)
     p = BwdParams(C.sizeof(BwdParams), 2, pr, c.tensor(pq, c.Sq, c.Hq), c.tensor(pk, c.Sk, c.Hk),
                   c.tensor(pv, c.Sk, c.Hk), c.tensor(po, c.Sq, c.Hq), c.tensor(pdo, c.Sq, c.Hq), plse, 0,
@@ -386,19 +389,19 @@ def bwd(arch, c, deterministic=False, order="sequential", patch=None, wg_order="
     delta, accum = ws, ws + delta_bytes
     tn = ("N" if c.dtype != "fp32" else "") + _tname(c.dtype)
     rows_grid = lambda rows: (rows + ROW_WAVES - 1) // ROW_WAVES
-    if c.Sq > 0:
-        r.launch("dispatch", f"bwd_delta_kernelI{tn}", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
-                 pb + struct.pack("<Q", delta))
     if c.dtype == "fp32":  # the vector-ALU path: a wave per query row, then per key row
         if c.Sq > 0:
+            r.launch("dispatch", "rowwise_bwd_delta_kernelIf", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
+                     pb + struct.pack("<Q", delta))
             r.launch("dispatch", "rowwise_bwd_dq_kernelIf", (rows_grid(c.Sq), c.Hq, c.B), (256, 1, 1),
                      pb + struct.pack("<Q", delta))
         if c.Sk > 0:
             r.launch("dispatch", "rowwise_bwd_dkdv_kernelIf", (rows_grid(c.Sk), c.Hk, c.B), (256, 1, 1),
                      pb + struct.pack("<Q", delta))
     else:
-        if accum_bytes:
-            mem.write(accum, np.zeros(accum_bytes, np.uint8))  # hipMemsetAsync
+        if c.Sq > 0 or accum_bytes:  # delta, and the accumulator's zeros (chunk_delta_blocks)
+            r.launch("dispatch", f"bwd_delta_kernelI{tn}", (max(1, -(-c.Sq // CHUNK_ROWS)), c.Hq, c.B),
+                     (CHUNK_THREADS, 1, 1), pb + struct.pack("<QQq", delta, accum, accum_bytes // 4))
         drop = c.dropout_p > 0
         mod = c.softcap > 0 or c.alibi is not None
         suffix = ("_dropout" if drop else "") + ("_scoremod" if mod else "")
@@ -410,7 +413,8 @@ def bwd(arch, c, deterministic=False, order="sequential", patch=None, wg_order="
             r.launch(f"bwd_dq_{c.dtype}_hdim{hd}{suffix}", "bwd_dq_kernel", ((c.Sq + block_m - 1) // block_m, c.Hq, c.B),
                      (256, 1, 1), pb + struct.pack("<Q", delta))
         elif rows_q > 0:
-            r.launch("dispatch", f"dq_convert_kernelI{tn}", (rows_grid(rows_q), c.Hq, 1), (256, 1, 1),
+            chunks = rows_q * c.Hq * hd // 8
+            r.launch("dispatch", f"dq_convert_kernelI{tn}", (-(-chunks // CHUNK_THREADS), 1, 1), (CHUNK_THREADS, 1, 1),
                      pb + struct.pack("<Qqi", accum, rows_q, hd))
     if c.varlen:
         if (deterministic or c.dtype == "fp32") and rows_q > 0:

@@ -115,18 +115,6 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// One register of two 16-bit values -> two floats (x = lo).
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t x);
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
-  return __half22float2(*reinterpret_cast<__half2*>(&x));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
