@@ -1,8 +1,8 @@
 // Row-wise kernels: the fp32 attention path (CUDA cores, fp32 throughout, a warp per row)
 // and the small helpers around the tensor-core kernels (backward pre/post-processing on
-// 16-byte chunks, varlen padding rows, the debug probability output).  The bodies are csrc/common/row_kernels.h's, shared
-// with the HIP backend; this file holds the warp as their lane group policy and the
-// __global__ wrappers that map the grid to rows.
+// 16-byte chunks, varlen padding rows, the debug probability output).  The bodies are
+// csrc/common/row_kernels.h's, shared with the HIP backend; this file holds the warp as
+// their lane group policy and the __global__ wrappers that map the grid to rows.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,8 +1,9 @@
 // Row-wise kernels: the fp32 attention path (vector ALUs, fp32 throughout, a wave per row)
 // and the small helpers around the matrix-core kernels (backward pre/post-processing on
-// 16-byte chunks, varlen padding rows, the debug probability output).  The bodies are csrc/common/row_kernels.h's,
-// shared with the CUDA backend; this file holds the wave as their lane group policy and the
-// __global__ wrappers that map the grid to rows (amdgcn builtins, not threadIdx: arch.h).
+// 16-byte chunks, varlen padding rows, the debug probability output).  The bodies are
+// csrc/common/row_kernels.h's, shared with the CUDA backend; this file holds the wave as
+// their lane group policy and the __global__ wrappers that map the grid to rows (amdgcn
+// builtins, not threadIdx: arch.h).
 #pragma once
 
 #include "tile/arch.h"  // first: HIP's __host__/__device__, which csrc/common/ uses
