@@ -190,28 +190,55 @@ def test_cuda_sm90_backward_gqa_group_split(d, split):
     assert any("dkv_reduce_kernel" in n for n in names) == split, sorted(names)
 
 
+# Deterministic mode adds each query block's dQ from its key blocks in a fixed order (turn
+# counters, bwd_sm90_kernel.h).  Cases with many key blocks per query block (full: 9 at
+# D <= 128, 18 at 256), a window (two or three), causal with fewer queries than keys, and
+# varlen with empty sequences; all but `full` have GQA groups split over CTAs
+# (bwd_sm90_splits, few CTAs).  Three runs bitwise the same, no other dQ kernel, and the
+# gradients close to the reference.
+_DETERMINISTIC_CASES = {
+    # name: (B, sq, sk, Hq, Hk, options)
+    "full": (1, 200, 1100, 4, 4, dict()),
+    "window": (2, 300, 340, 8, 2, dict(causal=True, window_size=(90, -1))),
+    "causal": (1, 900, 1100, 16, 4, dict(causal=True)),
+    "varlen": (None, None, None, 4, 2, dict(causal=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(_DETERMINISTIC_CASES))
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_cuda_sm90_backward_deterministic(d):
-    # dK and dV from the sm_90a kernel (summed in registers in a fixed order), dQ from
-    # bwd_dq_kernel: bitwise the same run to run, and close to the reference.
-    q, k, v = _qkv(2, 300, 340, 8, 2, d)
-    dout = randn(2, 300, 8, d, dtype=torch.bfloat16)
+def test_cuda_sm90_backward_deterministic(d, case):
+    B, sq, sk, hq, hk, opts = _DETERMINISTIC_CASES[case]
+    opts = dict(opts, deterministic=True)
+    ref = {n: v for n, v in opts.items() if n != "deterministic"}
+    if case == "varlen":
+        lens = [0, 700, 1, 333, 0, 900]
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+        total = int(cu[-1])
+        q, k, v = (randn(total, h, d, dtype=torch.bfloat16) for h in (hq, hk, hk))
+        call = varlen_call(cu, cu, max(lens), max(lens), **opts)
+        ref.update(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    else:
+        q, k, v = _qkv(B, sq, sk, hq, hk, d)
+        call = flash_call(**opts)
+    dout = randn(*q.shape, dtype=torch.bfloat16)
 
     def grads():
         leaves = [leaf(t.cuda()) for t in (q, k, v)]
         with poisoned_outputs():
-            fmha.flash_attn_func(*leaves, causal=True, window_size=(90, -1), deterministic=True).backward(dout.cuda())
+            call(*leaves)[0].backward(dout.cuda())
         return [t.grad.clone() for t in leaves]
 
     first, names = _kernels(grads)
-    assert _ran_sm90_bwd(names) and any("bwd_dq_kernel" in n for n in names), sorted(names)
-    poison_memory(*first)
-    second, _ = _kernels(grads)
-    for name, a, b in zip(("dq", "dk", "dv"), first, second):
-        assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
-    opts = dict(causal=True, window_size=(90, -1), deterministic=True)
-    ref = dict(causal=True, window_size=(90, -1))
-    _check_sm90_backward(q, k, v, flash_call(**opts), ref)
+    assert _ran_sm90_bwd(names) and any("dq_convert_kernel" in n for n in names), sorted(names)
+    assert not any("bwd_dq_kernel" in n for n in names), sorted(names)
+    assert any("dkv_reduce_kernel" in n for n in names) == (case != "full"), sorted(names)
+    for _ in range(2):
+        poison_memory(*first)
+        again, _ = _kernels(grads)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
+    _check_sm90_backward(q, k, v, call, ref)
 
 
 @pytest.mark.parametrize("case", ["dropout", "seqused_k", "head_dim_32", "head_dim_96", "fp32"])

@@ -96,7 +96,7 @@ def sm90_instances(types, stream):
     for dt, d, mod in itertools.product(types, SM90_BWD_HEAD_DIMS, (False, True)):
         yield (f"bwd_sm90_{dt}_hdim{d}{'_scoremod' if mod else ''}",
                f"template bool run_bwd_sm90<BwdSm90Config<{types[dt]}, {d}, {b(mod)}>>("
-               f"const fmha_bwd_params&, float*, const float*, float*, int, {stream});")
+               f"const fmha_bwd_params&, float*, const float*, float*, int, int*, int, {stream});")
 
 
 def render(backend, cfg):

@@ -96,7 +96,7 @@ def main():
     with torch.no_grad():
         q = torch.randn(2, 1100, 40, 128, device="cuda", dtype=torch.bfloat16)
         fmha.flash_attn_func(q, q, q, causal=True)
-    # sm_90a backward: GQA with a window in deterministic mode (dQ from bwd_dq_kernel), score
+    # sm_90a backward: GQA with a window in deterministic mode (dQ added in turn), score
     # mods at D = 64 (64-row query blocks), the head-dim split at 256 (one stage); the cases
     # above run it at D = 40, 128, 192 and 256 (ALiBi).
     run(1, 150, 170, 8, 2, 128, causal=True, window_size=(50, -1), deterministic=True)
@@ -105,6 +105,8 @@ def main():
     run_varlen(64, causal=True)
     run_varlen(256, causal=True)
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
+    run_varlen(64, causal=True, deterministic=True)
+    run(1, 100, 700, 2, 2, 128, deterministic=True)  # six key blocks add each query block's dQ in turn
     cos, sin = (torch.randn(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     run_decode(128, causal=True, rotary_cos=cos, rotary_sin=sin, splits=3)
     run_decode(64, page=16, quant=torch.float8_e4m3fn, splits=2, causal=True)

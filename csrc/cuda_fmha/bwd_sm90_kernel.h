@@ -18,8 +18,15 @@
 // wgmma's A operand, so dV and dK take them from registers; only dQ needs dS in shared
 // memory, read transposed.  Above D = 128 (kSplitD) the consumers share 64 keys and split
 // the queries of S^T and the columns of dK, dV, dQ instead, with P^T and dS^T through
-// shared memory.  Without atomic dQ (deterministic mode) the consumers skip the dQ product
-// and bwd_dq_kernel computes dQ afterwards.
+// shared memory.
+//
+// Deterministic mode (dq_locks): the key blocks that reach a query block add their dQ into
+// it in a fixed order, highest key block first, each waiting on a counter per (sequence,
+// head, query block) that the one before it increments once its addition has landed.
+// Under a causal mask or a window a key block's first query block is the last that sees
+// the key blocks above it, so the order follows the CTAs' own progress; the grid runs
+// the key blocks in the same order (highest first), so that every CTA waited on was
+// launched before the waiting one.
 #pragma once
 
 #include <math.h>
@@ -101,7 +108,8 @@ constexpr int kBarDs = 1, kBarDqEmpty = 2, kBarDqFull = 3;
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ fmha_bwd_params p, const __grid_constant__ BwdSm90Maps maps,
-                    float* dq_accum, const float* delta_ws, float* dkv_part, int splits) {
+                    float* dq_accum, const float* delta_ws, float* dkv_part, int splits, int* dq_locks,
+                    int lock_blocks) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename K::T;
   using TileQ = typename K::TileQ;
@@ -114,20 +122,25 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
   const fmha_problem& pr = p.problem;
   // blockIdx.y: KV head hk and, with the GQA group split over `splits` CTAs (dkv_part),
-  // which share of its query heads this CTA walks.
-  const int n_block = blockIdx.x, hk = blockIdx.y / splits, split = blockIdx.y % splits, b = blockIdx.z;
+  // which share of its query heads this CTA walks.  Deterministic: key blocks last first.
+  const int n_block = dq_locks != nullptr ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int hk = blockIdx.y / splits, split = blockIdx.y % splits, b = blockIdx.z;
   const Sequence seq = Sequence::get(pr, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= seq.k_rows) return;
   const int group = pr.num_heads_q / pr.num_heads_k;
-  const bool dq = dq_accum != nullptr;
 
   const MaskGeometry geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
                                                pr.mask_align == FMHA_ALIGN_TOP_LEFT);
+  // Query blocks [first_m(n), end_m(n)) see key block n (below seq.len_k); both grow with n.
+  auto first_m = [&](int n) { return geom.query_begin(n * kBlockN) / kBlockM; };
+  auto end_m = [&](int n) {
+    return (geom.query_end(min(n * kBlockN + kBlockN, seq.len_k)) + kBlockM - 1) / kBlockM;
+  };
   int m_begin = 0, n_m = 0;
   if (n0 < seq.len_k) {
-    m_begin = geom.query_begin(n0) / kBlockM;
-    n_m = max(0, (geom.query_end(min(n0 + kBlockN, seq.len_k)) + kBlockM - 1) / kBlockM - m_begin);
+    m_begin = first_m(n_block);
+    n_m = max(0, end_m(n_block) - m_begin);
   }
   const int heads = group / splits;  // query heads this CTA walks
   const int n_iters = heads * n_m;
@@ -220,21 +233,50 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
         mbar_arrive(full + st);
       }
-    } else if (warp == 2 && dq) {
+    } else if (warp == 2) {
       // Each block's dQ, once both consumers have written it, goes out as one bulk
       // reduction; the buffer is handed back once the copy engine has read it.
+      // Deterministic: query block m's turn counter counts the key blocks above this one
+      // that see m (they run from the highest, last_n, down; all between see m, as the
+      // ranges of query blocks grow with n) before this CTA adds, and counts this one once
+      // its sum is in global memory.
+      const int n_last = (seq.len_k + kBlockN - 1) / kBlockN - 1;
+      auto last_n = [&](int m) {  // the highest key block that sees query block m
+        int lo = n_block, hi = n_last;
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) / 2;
+          if (first_m(mid) <= m) lo = mid;
+          else hi = mid - 1;
+        }
+        return lo;
+      };
       named_barrier_arrive(kBarDqEmpty, kDqThreads);
       Step cur = first;
       for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+        int* lock = nullptr;
         named_barrier_sync(kBarDqFull, kDqThreads);
         if (lane == 0) {
-          const int rows = min(kBlockM, seq.len_q - cur.m0);
+          const int rows = min(kBlockM, seq.len_q - cur.m0), m = cur.m0 / kBlockM;
+          if (dq_locks != nullptr) {
+            lock = dq_locks + ((int64_t)b * pr.num_heads_q + cur.h) * lock_blocks + m;
+            const int turn = last_n(m) - n_block;
+            // A turn that never comes would be an ordering bug: an error after 10 s, not a hang.
+            const uint64_t t0 = global_timer_ns();
+            while (ld_acquire_gpu(lock) != turn)
+              if (global_timer_ns() - t0 > 10000000000ull) __trap();
+            fence_proxy_async_global();  // the earlier sums, before the copy engine adds
+          }
           bulk_reduce_add_f32(dq_accum + dq_accum_index(pr, seq, cur.m0, cur.h, D), sdQ, (uint32_t)(rows * D * 4));
           bulk_commit();
           bulk_wait_read();
         }
         __syncwarp();
         if (it + 1 < n_iters) named_barrier_arrive(kBarDqEmpty, kDqThreads);
+        if (lock != nullptr) {
+          bulk_wait();
+          fence_proxy_async_global();
+          red_release_gpu_add(lock, 1);
+        }
       }
     }
     return;
@@ -369,58 +411,51 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wgmma_commit();
     }
 
-    if (dq) {
-      // dS^T into its buffer (keys split: each consumer its rows), then dQ = dS K over all
-      // keys, this consumer's columns.
-      if constexpr (!kSplitD) {
-        store_t(sdSs, a_ds, 0);
-        fence_proxy_async_shared();  // visible to wgmma after the barrier
-        named_barrier_sync(kBarDs, 128 * K::kConsumers);
-      }
-      float acc_dq[K::kDqBlocks][K::kDqCols / 8][4];
-      wgmma_fence();
-#pragma unroll
-      for (int mb = 0; mb < K::kDqBlocks; ++mb) {
-        const MnMajorDesc<TileDS> desc_dst(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-          Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
-      fence_operand(acc_dv);
-      fence_operand(acc_dk);
-      mbar_arrive(empty + st);
-      wgmma_wait<0>();
-#pragma unroll
-      for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
-
-      // dQ into the fp32 buffer in the accumulator's layout (swizzle included), for the dQ
-      // warp's bulk reduction.
-      named_barrier_sync(kBarDqEmpty, kDqThreads);
-      const int64_t lse0 = seq.lse_index(pr, m0, h);
-#pragma unroll
-      for (int mb = 0; mb < K::kDqBlocks; ++mb)
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int row = mb * 64 + warp_wg * 16 + g + 8 * rr;
-          const int swizzle = dq_accum_swizzle(lse0 + row);
-          float* dst = sdQ + row * D;
-#pragma unroll
-          for (int n = 0; n < K::kDqCols / 8; ++n) {
-            const int c = cw * K::kDqCols + n * 8 + 2 * t;
-            *reinterpret_cast<float2*>(dst + (c ^ swizzle)) =
-                make_float2(acc_dq[mb][n][2 * rr], acc_dq[mb][n][2 * rr + 1]);
-          }
-        }
-      fence_proxy_async_shared();
-      named_barrier_arrive(kBarDqFull, kDqThreads);
-    } else {
-      wgmma_wait<0>();
-      fence_operand(acc_dv);
-      fence_operand(acc_dk);
-      mbar_arrive(empty + st);
+    // dS^T into its buffer (keys split: each consumer its rows), then dQ = dS K over all
+    // keys, this consumer's columns.
+    if constexpr (!kSplitD) {
+      store_t(sdSs, a_ds, 0);
+      fence_proxy_async_shared();  // visible to wgmma after the barrier
+      named_barrier_sync(kBarDs, 128 * K::kConsumers);
     }
+    float acc_dq[K::kDqBlocks][K::kDqCols / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < K::kDqBlocks; ++mb) {
+      const MnMajorDesc<TileDS> desc_dst(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+    fence_operand(acc_dv);
+    fence_operand(acc_dk);
+    mbar_arrive(empty + st);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
+
+    // dQ into the fp32 buffer in the accumulator's layout (swizzle included), for the dQ
+    // warp's bulk reduction.
+    named_barrier_sync(kBarDqEmpty, kDqThreads);
+    const int64_t lse0 = seq.lse_index(pr, m0, h);
+#pragma unroll
+    for (int mb = 0; mb < K::kDqBlocks; ++mb)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = mb * 64 + warp_wg * 16 + g + 8 * rr;
+        const int swizzle = dq_accum_swizzle(lse0 + row);
+        float* dst = sdQ + row * D;
+#pragma unroll
+        for (int n = 0; n < K::kDqCols / 8; ++n) {
+          const int c = cw * K::kDqCols + n * 8 + 2 * t;
+          *reinterpret_cast<float2*>(dst + (c ^ swizzle)) =
+              make_float2(acc_dq[mb][n][2 * rr], acc_dq[mb][n][2 * rr + 1]);
+        }
+      }
+    fence_proxy_async_shared();
+    named_barrier_arrive(kBarDqFull, kDqThreads);
   }
 
   // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys.
@@ -480,12 +515,13 @@ namespace cuda {
 
 // Returns false, launching nothing, when the copy engine cannot describe the tensors or the
 // dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
-// dq_accum == nullptr: dK and dV only (deterministic mode; bwd_dq_kernel computes dQ).
 // splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
-// the room for their fp32 shares of dK and dV (bwd_sm90_dkv_part_bytes).
+// the room for their fp32 shares of dK and dV (bwd_sm90_dkv_part_bytes).  dq_locks (zeros,
+// deterministic mode): a turn counter per (sequence, query head, query block of 64 rows or
+// more), lock_blocks per (sequence, head).
 template <class K>
 bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, int splits,
-                  cudaStream_t stream) {
+                  int* dq_locks, int lock_blocks, cudaStream_t stream) {
   const fmha_problem& pr = p.problem;
   if (reinterpret_cast<uintptr_t>(dq_accum) % 16 != 0) return false;
   const bool varlen = pr.cu_seqlens_q != nullptr;
@@ -508,7 +544,7 @@ bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   auto kernel = bwd_sm90_kernel<K>;
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, delta, splits > 1 ? dkv_part : nullptr,
-                                                        splits);
+                                                        splits, dq_locks, lock_blocks);
   check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
   if (splits > 1) {
     const int64_t rows = varlen ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;

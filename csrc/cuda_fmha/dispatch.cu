@@ -217,8 +217,8 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
 
 // Whether the sm_90a backward (wgmma, TMA) takes the call: compute capability 9.0, fp16/bf16,
 // head dims 33-64 and 97-256, no dropout or seqused_k, FMHA_FORCE_MMA_SYNC unset.  It runs
-// dK and dV, and dQ through the fp32 accumulator; in deterministic mode dQ then comes from
-// the mma.sync bwd_dq_kernel.
+// dK and dV, and dQ through the fp32 accumulator, in deterministic mode in a fixed order
+// (dq_locks).
 bool bwd_sm90_takes(const fmha_problem& pr) {
 #ifdef FMHA_WITH_SM90A
   const int d = padded_head_dim(pr.head_dim);
@@ -254,19 +254,25 @@ size_t bwd_sm90_dkv_part_bytes(const fmha_problem& pr, int splits) {
   return (size_t)2 * splits * rows * pr.num_heads_k * padded_head_dim(pr.head_dim) * 4;
 }
 
+// Deterministic mode's turn counters, after the fp32 dQ accumulator (and zeroed with it): one
+// per (sequence, query head, query block of 64 rows; the kernels' blocks are 64 or 128).
+int dq_lock_blocks(const fmha_problem& pr) { return (int)ceil_div(pr.seqlen_q, 64); }
+size_t dq_lock_bytes(const fmha_problem& pr) {
+  return ((size_t)pr.batch * pr.num_heads_q * dq_lock_blocks(pr) * 4 + 15) / 16 * 16;
+}
+int* dq_locks(const fmha_problem& pr, float* dq_accum) {
+  return reinterpret_cast<int*>(dq_accum + q_rows(pr) * pr.num_heads_q * padded_head_dim(pr.head_dim));
+}
+
 template <class T, int D>
 bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part,
                        cudaStream_t s) {
-  float* accum = p.deterministic ? nullptr : dq_accum;
-  const int splits = bwd_sm90_splits(p.problem, device_sm_count());
-  if (score_mods(p.problem)) {
-    if (!run_bwd_sm90<BwdSm90Config<T, D, true>>(p, accum, delta, dkv_part, splits, s)) return false;
-    if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, true>>(p, delta, s);
-  } else {
-    if (!run_bwd_sm90<BwdSm90Config<T, D, false>>(p, accum, delta, dkv_part, splits, s)) return false;
-    if (p.deterministic) run_bwd_dq<BwdDqConfig<T, D, false, false>>(p, delta, s);
-  }
-  return true;
+  const fmha_problem& pr = p.problem;
+  const int splits = bwd_sm90_splits(pr, device_sm_count());
+  int* locks = p.deterministic ? dq_locks(pr, dq_accum) : nullptr;
+  if (score_mods(pr))
+    return run_bwd_sm90<BwdSm90Config<T, D, true>>(p, dq_accum, delta, dkv_part, splits, locks, dq_lock_blocks(pr), s);
+  return run_bwd_sm90<BwdSm90Config<T, D, false>>(p, dq_accum, delta, dkv_part, splits, locks, dq_lock_blocks(pr), s);
 }
 
 // True when the sm_90a backward ran the call.
@@ -287,17 +293,20 @@ bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, flo
 #endif
 }
 
+// True when dQ is left in the fp32 accumulator (for dq_convert_kernel): always from the
+// sm_90a kernel, from the mma.sync ones unless deterministic (then bwd_dq_kernel writes dQ).
 template <class T>
-void bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
-  if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return;
+bool bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
+  if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return true;
   switch (padded_head_dim(p.problem.head_dim)) {
-    case 32: return bwd_features<T, 32>(p, dq_accum, delta, s);
-    case 64: return bwd_features<T, 64>(p, dq_accum, delta, s);
-    case 96: return bwd_features<T, 96>(p, dq_accum, delta, s);
-    case 128: return bwd_features<T, 128>(p, dq_accum, delta, s);
-    case 192: return bwd_features<T, 192>(p, dq_accum, delta, s);
-    default: return bwd_features<T, 256>(p, dq_accum, delta, s);
+    case 32: bwd_features<T, 32>(p, dq_accum, delta, s); break;
+    case 64: bwd_features<T, 64>(p, dq_accum, delta, s); break;
+    case 96: bwd_features<T, 96>(p, dq_accum, delta, s); break;
+    case 128: bwd_features<T, 128>(p, dq_accum, delta, s); break;
+    case 192: bwd_features<T, 192>(p, dq_accum, delta, s); break;
+    default: bwd_features<T, 256>(p, dq_accum, delta, s); break;
   }
+  return !p.deterministic;
 }
 
 dim3 row_grid(int64_t rows, int heads, int batch) { return dim3(ceil_div(rows, kRowWarps), heads, batch); }
@@ -323,11 +332,15 @@ void fwd_typed(const fmha_fwd_params& p, cudaStream_t s) {
   }
 }
 
-// Workspace: delta (LSE layout) then, for the atomic dQ path, the fp32 dQ accumulator.
+// Workspace: delta (LSE layout) then the fp32 dQ accumulator, for the 16-bit kernels but
+// the mma.sync ones in deterministic mode, followed there by the turn counters of the
+// sm_90a kernel's deterministic dQ.
 size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
 size_t dq_accum_bytes(const fmha_bwd_params& p) {
-  if (p.problem.dtype == FMHA_DTYPE_FLOAT32 || p.deterministic) return 0;
-  return (size_t)q_rows(p.problem) * p.problem.num_heads_q * padded_head_dim(p.problem.head_dim) * 4;
+  const fmha_problem& pr = p.problem;
+  if (pr.dtype == FMHA_DTYPE_FLOAT32 || (p.deterministic && !bwd_sm90_takes(pr))) return 0;
+  return (size_t)q_rows(pr) * pr.num_heads_q * padded_head_dim(pr.head_dim) * 4 +
+         (p.deterministic ? dq_lock_bytes(pr) : 0);
 }
 // After it, for the sm_90a backward with a split GQA group, the fp32 shares of dK and dV.
 size_t dkv_part_bytes(const fmha_bwd_params& p) {
@@ -341,6 +354,7 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
   if (pr.batch == 0) return;
   float* delta = static_cast<float*>(p.workspace);
   float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + delta_bytes(pr));
+  bool dq_from_accum = false;  // dQ converted from the accumulator, so written at every row
   if constexpr (sizeof(T) == 4) {
     if (pr.seqlen_q > 0) {
       rowwise_bwd_delta_kernel<T><<<row_grid(pr.seqlen_q, pr.num_heads_q, pr.batch), kThreadsRow, 0, s>>>(p, delta);
@@ -353,7 +367,7 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
       check_cuda(cudaGetLastError(), "rowwise_bwd_dkdv_kernel launch");
     }
   } else {
-    // delta, and zeros in the fp32 dQ accumulator, in one pass.
+    // delta, and zeros in the fp32 dQ accumulator (and the turn counters after it), in one pass.
     const size_t accum = dq_accum_bytes(p);
     if (pr.seqlen_q > 0 || accum > 0) {
       const dim3 grid(chunk_delta_blocks(pr), pr.num_heads_q, pr.batch);
@@ -361,8 +375,8 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
       check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
     }
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
-    bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
-    if (accum > 0) {
+    dq_from_accum = bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s) && accum > 0;
+    if (dq_from_accum) {
       const int64_t chunks = q_rows(pr) * pr.num_heads_q * (padded_head_dim(pr.head_dim) / 8);
       dq_convert_kernel<T><<<ceil_div(chunks, kChunkThreads), kChunkThreads, 0, s>>>(p, dq_accum, q_rows(pr),
                                                                                  padded_head_dim(pr.head_dim));
@@ -370,8 +384,7 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
     }
   }
   if (pr.cu_seqlens_q != nullptr) {
-    const bool dq_written_everywhere = sizeof(T) != 4 && dq_accum_bytes(p) > 0;
-    if (!dq_written_everywhere && pr.total_q > 0) {
+    if (!dq_from_accum && pr.total_q > 0) {
       zero_outside_kernel<T><<<dim3(ceil_div(pr.total_q, kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
           p.dq, nullptr, pr.cu_seqlens_q, pr.batch, pr.total_q, pr.head_dim);
       check_cuda(cudaGetLastError(), "zero_outside_kernel launch");

@@ -3,6 +3,6 @@
 
 namespace fmha {
 namespace cuda {
-template bool run_bwd_sm90<BwdSm90Config<__half, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
+template bool run_bwd_sm90<BwdSm90Config<__half, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
 }  // namespace cuda
 }  // namespace fmha

@@ -228,21 +228,21 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false>>(cons
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 64, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 64, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 128, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 128, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 192, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 192, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 256, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__half, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 64, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 128, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 128, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
-extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 64, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 64, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 128, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 128, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 192, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 192, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 256, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__half, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 64, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 128, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 128, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
+extern template bool run_bwd_sm90<BwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
 }  // namespace cuda
 }  // namespace fmha
