@@ -98,7 +98,7 @@ def main():
         fmha.flash_attn_func(q, q, q, causal=True)
     # sm_90a backward: GQA with a window in deterministic mode (dQ added in turn), score
     # mods at D = 64 (64-row query blocks), the head-dim split at 256 (one stage); the cases
-    # above run it at D = 40, 128, 192 and 256 (ALiBi).
+    # above run it at D = 40, 96 (on the 128 kernel), 128, 192 and 256 (ALiBi).
     run(1, 150, 170, 8, 2, 128, causal=True, window_size=(50, -1), deterministic=True)
     run(2, 130, 200, 4, 2, 64, softcap=5.0)
     run(1, 150, 170, 8, 2, 256, causal=True, window_size=(50, -1), deterministic=True)

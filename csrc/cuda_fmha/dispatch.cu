@@ -215,15 +215,21 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
 
+// The head dim of the sm_90a backward kernel a call runs: the padded one, but 128 for 96
+// (there is no 96 instance: columns 96-127 of Q, dO, K and V come in as zeros from the copy
+// engine and dK, dV, dQ are stored inside head_dim).
+int bwd_sm90_head_dim(const fmha_problem& pr) {
+  const int d = padded_head_dim(pr.head_dim);
+  return d == 96 ? 128 : d;
+}
+
 // Whether the sm_90a backward (wgmma, TMA) takes the call: compute capability 9.0, fp16/bf16,
-// head dims 33-64 and 97-256, no dropout or seqused_k, FMHA_FORCE_MMA_SYNC unset.  It runs
-// dK and dV, and dQ through the fp32 accumulator, in deterministic mode in a fixed order
-// (dq_locks).
+// head dims 33-256, no dropout or seqused_k, FMHA_FORCE_MMA_SYNC unset.  It runs dK and dV,
+// and dQ through the fp32 accumulator, in deterministic mode in a fixed order (dq_locks).
 bool bwd_sm90_takes(const fmha_problem& pr) {
 #ifdef FMHA_WITH_SM90A
-  const int d = padded_head_dim(pr.head_dim);
-  return pr.dtype != FMHA_DTYPE_FLOAT32 && pr.dropout_p == 0.f && pr.seqused_k == nullptr && d != 32 && d != 96 &&
-         device_cc_major() == 9 && !mma_sync_forced();
+  return pr.dtype != FMHA_DTYPE_FLOAT32 && pr.dropout_p == 0.f && pr.seqused_k == nullptr &&
+         padded_head_dim(pr.head_dim) != 32 && device_cc_major() == 9 && !mma_sync_forced();
 #else
   (void)pr;
   return false;
@@ -237,9 +243,8 @@ bool bwd_sm90_takes(const fmha_problem& pr) {
 // the group that reaches two per SM (or the whole group): each CTA walks its share of the
 // query heads and dkv_reduce_kernel sums the shares in a fixed order.
 int bwd_sm90_splits(const fmha_problem& pr, int sm_count) {
-  const int group = pr.num_heads_q / pr.num_heads_k;
-  const int64_t ctas = (int64_t)((pr.seqlen_k + bwd_sm90_block_n(padded_head_dim(pr.head_dim)) - 1) /
-                                 bwd_sm90_block_n(padded_head_dim(pr.head_dim))) * pr.num_heads_k * pr.batch;
+  const int group = pr.num_heads_q / pr.num_heads_k, block_n = bwd_sm90_block_n(bwd_sm90_head_dim(pr));
+  const int64_t ctas = (int64_t)((pr.seqlen_k + block_n - 1) / block_n) * pr.num_heads_k * pr.batch;
   const int64_t target = 2 * (int64_t)sm_count;
   if (group == 1 || ctas == 0 || ctas >= target) return 1;
   for (int s = 2; s < group; ++s)
@@ -247,11 +252,16 @@ int bwd_sm90_splits(const fmha_problem& pr, int sm_count) {
   return group;
 }
 
-// The fp32 dK/dV shares of a split group: [splits][dK, dV][rows][Hk][padded head dim].
+// The fp32 dK/dV shares of a split group: [splits][dK, dV][rows][Hk][kernel head dim].
 size_t bwd_sm90_dkv_part_bytes(const fmha_problem& pr, int splits) {
   if (splits <= 1) return 0;
   const int64_t rows = pr.cu_seqlens_q != nullptr ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;
-  return (size_t)2 * splits * rows * pr.num_heads_k * padded_head_dim(pr.head_dim) * 4;
+  return (size_t)2 * splits * rows * pr.num_heads_k * bwd_sm90_head_dim(pr) * 4;
+}
+
+// Floats per row of the fp32 dQ accumulator: the head dim of the kernel that adds into it.
+int dq_accum_cols(const fmha_problem& pr) {
+  return bwd_sm90_takes(pr) ? bwd_sm90_head_dim(pr) : padded_head_dim(pr.head_dim);
 }
 
 // Deterministic mode's turn counters, after the fp32 dQ accumulator (and zeroed with it): one
@@ -261,7 +271,7 @@ size_t dq_lock_bytes(const fmha_problem& pr) {
   return ((size_t)pr.batch * pr.num_heads_q * dq_lock_blocks(pr) * 4 + 15) / 16 * 16;
 }
 int* dq_locks(const fmha_problem& pr, float* dq_accum) {
-  return reinterpret_cast<int*>(dq_accum + q_rows(pr) * pr.num_heads_q * padded_head_dim(pr.head_dim));
+  return reinterpret_cast<int*>(dq_accum + q_rows(pr) * pr.num_heads_q * dq_accum_cols(pr));
 }
 
 template <class T, int D>
@@ -280,7 +290,7 @@ template <class T>
 bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
 #ifdef FMHA_WITH_SM90A
   if (!bwd_sm90_takes(p.problem)) return false;
-  switch (padded_head_dim(p.problem.head_dim)) {
+  switch (bwd_sm90_head_dim(p.problem)) {
     case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, dkv_part, s);
     case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, dkv_part, s);
     case 192: return bwd_sm90_instance<T, 192>(p, dq_accum, delta, dkv_part, s);
@@ -293,11 +303,12 @@ bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, flo
 #endif
 }
 
-// True when dQ is left in the fp32 accumulator (for dq_convert_kernel): always from the
-// sm_90a kernel, from the mma.sync ones unless deterministic (then bwd_dq_kernel writes dQ).
+// The accumulator's floats per row when dQ is left there (for dq_convert_kernel), else 0:
+// always from the sm_90a kernel, from the mma.sync ones unless deterministic (then
+// bwd_dq_kernel writes dQ).
 template <class T>
-bool bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
-  if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return true;
+int bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
+  if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return bwd_sm90_head_dim(p.problem);
   switch (padded_head_dim(p.problem.head_dim)) {
     case 32: bwd_features<T, 32>(p, dq_accum, delta, s); break;
     case 64: bwd_features<T, 64>(p, dq_accum, delta, s); break;
@@ -306,7 +317,7 @@ bool bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* del
     case 192: bwd_features<T, 192>(p, dq_accum, delta, s); break;
     default: bwd_features<T, 256>(p, dq_accum, delta, s); break;
   }
-  return !p.deterministic;
+  return p.deterministic ? 0 : padded_head_dim(p.problem.head_dim);
 }
 
 dim3 row_grid(int64_t rows, int heads, int batch) { return dim3(ceil_div(rows, kRowWarps), heads, batch); }
@@ -339,8 +350,7 @@ size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 2
 size_t dq_accum_bytes(const fmha_bwd_params& p) {
   const fmha_problem& pr = p.problem;
   if (pr.dtype == FMHA_DTYPE_FLOAT32 || (p.deterministic && !bwd_sm90_takes(pr))) return 0;
-  return (size_t)q_rows(pr) * pr.num_heads_q * padded_head_dim(pr.head_dim) * 4 +
-         (p.deterministic ? dq_lock_bytes(pr) : 0);
+  return (size_t)q_rows(pr) * pr.num_heads_q * dq_accum_cols(pr) * 4 + (p.deterministic ? dq_lock_bytes(pr) : 0);
 }
 // After it, for the sm_90a backward with a split GQA group, the fp32 shares of dK and dV.
 size_t dkv_part_bytes(const fmha_bwd_params& p) {
@@ -375,11 +385,11 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
       check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
     }
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
-    dq_from_accum = bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s) && accum > 0;
+    const int dq_cols = bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
+    dq_from_accum = dq_cols > 0 && accum > 0;
     if (dq_from_accum) {
-      const int64_t chunks = q_rows(pr) * pr.num_heads_q * (padded_head_dim(pr.head_dim) / 8);
-      dq_convert_kernel<T><<<ceil_div(chunks, kChunkThreads), kChunkThreads, 0, s>>>(p, dq_accum, q_rows(pr),
-                                                                                 padded_head_dim(pr.head_dim));
+      const int64_t chunks = q_rows(pr) * pr.num_heads_q * (dq_cols / 8);
+      dq_convert_kernel<T><<<ceil_div(chunks, kChunkThreads), kChunkThreads, 0, s>>>(p, dq_accum, q_rows(pr), dq_cols);
       check_cuda(cudaGetLastError(), "dq_convert_kernel launch");
     }
   }
