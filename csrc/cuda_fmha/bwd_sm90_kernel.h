@@ -486,9 +486,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     return;
   }
   // dK and dV through shared memory, out in 16-byte rows: the fragments' 4-byte stores
-  // straight to global memory took 30% of the consumers' time at D = 128, S = 512 causal
-  // (Nsight Compute's stall samples).  The Q and dO rings are free once both consumers are
-  // past their last products (the producer has no copy left in flight).
+  // straight to global memory took 32% of the consumers' stall samples at D = 128, S = 512
+  // causal (Nsight Compute).  The Q and dO rings are free once both consumers are past
+  // their last products (the producer has no copy left in flight).
   using TileO = TileV;
   T* sdK = reinterpret_cast<T*>(smem + K::kOffQ);
   T* sdV = sdK + TileO::kBytes / 2;
