@@ -436,6 +436,29 @@ def test_kvcache_matches_flash_attn_func(device, dtype):
             assert_close(out[b:b + 1], ref, OUT_TOL[dtype], "decode vs forward")
 
 
+# One new token per sequence with GQA: the CPU decode runs a KV head's query heads through the
+# forward's tile kernel as rows of one call (shared among threads when there are fewer KV heads
+# than threads: B = 1, one KV head); each row must still equal flash_attn_func's bit for bit.
+# 12 heads per KV head are one call of under kLanes rows on AVX-512, more than kLanes on AVX2,
+# and two calls on the generic ISA (FMHA_CPU_ISA).
+@pytest.mark.parametrize("heads", [(24, 2), (6, 1)], ids=["group12", "one_kv_head"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_kvcache_one_token_matches_flash_attn_func(device, dtype, causal, heads):
+    hq, hk = heads
+    batch, lens = (3, (70, 33, 1)) if hk == 2 else (1, (70,))
+    k, v = (randn(batch, 70, hk, 64, dtype=dtype, device=device) for _ in range(2))
+    q = randn(batch, 1, hq, 64, dtype=dtype, device=device)
+    out = fmha.flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device),
+                                       causal=causal)
+    for b, n in enumerate(lens):
+        ref = fmha.flash_attn_func(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=causal)
+        if device == "cpu":
+            assert torch.equal(out[b:b + 1], ref), f"sequence {b}: decode row differs from the forward's"
+        else:
+            assert_close(out[b:b + 1], ref, OUT_TOL[dtype], "decode vs forward")
+
+
 def _call_args():
     return dict(q=torch.randn(2, 1, 4, 32, dtype=torch.float16), k_cache=torch.randn(2, 32, 2, 32, dtype=torch.float16),
                 v_cache=torch.randn(2, 32, 2, 32, dtype=torch.float16),
