@@ -62,6 +62,15 @@ def _cases(device: str):
         cases.append(dict(kind="ulysses", causal=causal, window=window, dtype=dtypes[0], H=4, Hk=4, pack=None))
     cases.append(dict(kind="ulysses", causal=True, window=(-1, -1), dtype=dtypes[-1], H=8, Hk=4, pack="kv",
                       softcap=3.0))
+    # Ulysses x ring: a 2 x 2 mesh on 4 ranks, 2 x 1 on 2 (mesh "ring": 1 x W, the ring alone).
+    for layout in FIXED:
+        for causal, window in ((True, (-1, -1)), (False, (3, 6))):
+            cases.append(dict(kind="usp", layout=layout, causal=causal, window=window, dtype=dtypes[0], H=4, Hk=2,
+                              pack=None))
+    cases.append(dict(kind="usp", layout="zigzag", causal=True, window=(5, 0), dtype=dtypes[-1], H=4, Hk=2,
+                      pack="kv", softcap=2.0))
+    cases.append(dict(kind="usp", layout="stripe", causal=True, window=(-1, -1), dtype=dtypes[0], H=2, Hk=2,
+                      pack="qkv", mesh="ring"))
     cases.append(dict(kind="errors"))
     if device == "cuda":
         cases.append(dict(kind="torch_cp"))
@@ -72,7 +81,7 @@ def _cases(device: str):
         parts = [c["kind"], c.get("layout", ""), "causal" if c["causal"] else "full",
                  "" if c["window"] == (-1, -1) else "w%d_%d" % tuple(c["window"]), c["dtype"],
                  f"h{c['H']}_{c['Hk']}", c["pack"] or "", f"s{c['stride']}" if "stride" in c else "",
-                 "softcap" if c.get("softcap") else ""]
+                 "softcap" if c.get("softcap") else "", c.get("mesh", "")]
         c["name"] = "-".join(p for p in parts if p)
     return cases
 
@@ -113,8 +122,8 @@ def _run_case(c, rank, world, device):
     def randn(*shape):
         return torch.randn(*shape, device=device, dtype=dtype)
 
-    if c["kind"] in ("fixed", "ulysses"):
-        B, S = 2, 8 * world if c["kind"] == "fixed" else 6 * world
+    if c["kind"] in ("fixed", "ulysses", "usp"):
+        B, S = 2, 6 * world if c["kind"] == "ulysses" else 8 * world
         if device != "cpu":
             S = 64 * world
         q, k, v, do = randn(B, S, H, D), randn(B, S, Hk, D), randn(B, S, Hk, D), randn(B, S, H, D)
@@ -125,9 +134,15 @@ def _run_case(c, rank, world, device):
         (out.float() * do.float()).sum().add_((torch.nan_to_num(lse, neginf=0.0) * dl).sum()).backward()
         layout = c.get("layout", "ring")
         sh = lambda x, dim=1: fd.shard(x, rank, world, layout, dim)  # noqa: E731
+        kw = {}
+        if c["kind"] == "usp":
+            U = 1 if c.get("mesh") == "ring" or world % 2 else 2
+            ug, rg = _mesh(U, world // U)
+            kw = dict(ulysses_group=ug, ring_group=rg, layout=layout)
+            sh = lambda x, dim=1: fd.usp_shard(x, rank % U, U, rank // U, world // U, layout, dim)  # noqa: E731
         loc = [sh(x).detach().clone() for x in (q, k, v)]
         func = {"ring": "ring_flash_attn", "zigzag": "zigzag_ring_flash_attn", "stripe": "stripe_flash_attn"}
-        base = func[layout] if c["kind"] == "fixed" else "ulysses_flash_attn"
+        base = {"fixed": func[layout], "ulysses": "ulysses_flash_attn", "usp": "usp_flash_attn"}[c["kind"]]
         if c["pack"] == "qkv":
             packed = torch.stack(loc, dim=2).requires_grad_()
             args = (packed,)
@@ -142,7 +157,8 @@ def _run_case(c, rank, world, device):
             args = tuple(x.requires_grad_() for x in loc)
             grads = lambda: tuple(x.grad for x in args)  # noqa: E731
             fn = getattr(fd, base + "_func")
-        o, l, _ = fn(*args, causal=c["causal"], window_size=c["window"], return_attn_probs=True, softcap=softcap)
+        o, l, _ = fn(*args, causal=c["causal"], window_size=c["window"], return_attn_probs=True, softcap=softcap,
+                     **kw)
         (o.float() * sh(do).float()).sum().add_((torch.nan_to_num(l, neginf=0.0) * sh(dl, 2)).sum()).backward()
         _close("out", o, sh(out), dtype, errors)
         _close("lse", l, sh(lse, 2), torch.float32 if dtype == torch.float32 else dtype, errors)
@@ -198,6 +214,26 @@ def _run_case(c, rank, world, device):
         return errors
 
 
+_MESHES = {}
+
+
+def _mesh(ulysses: int, ring: int):
+    """(Ulysses group, ring group) of this rank on a ulysses x ring mesh (rank = r U + u).
+    new_group is collective: every rank creates every group, in the same order."""
+    import torch.distributed as dist
+
+    if (ulysses, ring) not in _MESHES:
+        rank, groups = dist.get_rank(), [None, None]
+        for r in range(ring):
+            g = dist.new_group([r * ulysses + u for u in range(ulysses)])
+            groups[0] = g if rank // ulysses == r else groups[0]
+        for u in range(ulysses):
+            g = dist.new_group([r * ulysses + u for r in range(ring)])
+            groups[1] = g if rank % ulysses == u else groups[1]
+        _MESHES[(ulysses, ring)] = tuple(groups)
+    return _MESHES[(ulysses, ring)]
+
+
 def _torch_cp(rank, world, device):
     """torch's own context parallel API (torch.distributed.tensor.experimental.context_parallel)
     with fmha active as SDPA's flash implementation: out and gradients against fmha on the
@@ -233,6 +269,8 @@ def _torch_cp(rank, world, device):
 
 def _errors(rank, world, device):
     """What is not supported raises a ValueError naming it."""
+    import torch.distributed as dist
+
     import fmha.distributed as fd
 
     errors = []
@@ -246,6 +284,10 @@ def _errors(rank, world, device):
         ("multiple of 2", lambda: fd.zigzag_ring_flash_attn_func(x[:, :3], x[:, :3], x[:, :3])),
         ("multiple of the world size", lambda: fd.ulysses_flash_attn_func(x[:, :, :1], x[:, :, :1], x[:, :, :1])
          if world > 1 else (_ for _ in ()).throw(ValueError("multiple of the world size"))),
+        ("ulysses_group or ring_group", lambda: fd.usp_flash_attn_func(x, x, x)),
+        ("Ulysses group's size", lambda: fd.usp_flash_attn_func(x[:, :, :1], x[:, :, :1], x[:, :, :1],
+                                                                 ulysses_group=dist.group.WORLD)
+         if world > 1 else (_ for _ in ()).throw(ValueError("Ulysses group's size"))),
     ]
     for what, call in checks:
         try:

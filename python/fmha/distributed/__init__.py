@@ -7,7 +7,7 @@ function names and signatures (switching is one import line), computed by fmha's
 
 Ring attention (K/V passed around the ring, batched isend/irecv on a side stream on GPUs,
 merged by LSE) in three layouts, fixed length and varlen; Llama 3's all-gather for packed
-documents; Ulysses (all-to-all over heads); sharding helpers.  See docs/distributed.md.
+documents; Ulysses (all-to-all over heads); Ulysses x ring on a 2-D mesh (usp_*); sharding helpers.  See docs/distributed.md.
 """
 
 from .llama3 import (
@@ -40,6 +40,13 @@ from .sharding import (
     zigzag_unshard,
 )
 from .ulysses import ulysses_flash_attn_func, ulysses_flash_attn_kvpacked_func, ulysses_flash_attn_qkvpacked_func
+from .usp import (
+    usp_flash_attn_func,
+    usp_flash_attn_kvpacked_func,
+    usp_flash_attn_qkvpacked_func,
+    usp_positions,
+    usp_shard,
+)
 from .varlen import (
     ring_flash_attn_varlen_func,
     ring_flash_attn_varlen_kvpacked_func,
@@ -73,6 +80,11 @@ __all__ = [
     "ulysses_flash_attn_qkvpacked_func",
     "unshard",
     "unshard_varlen",
+    "usp_flash_attn_func",
+    "usp_flash_attn_kvpacked_func",
+    "usp_flash_attn_qkvpacked_func",
+    "usp_positions",
+    "usp_shard",
     "varlen_positions",
     "zigzag_ring_flash_attn_func",
     "zigzag_ring_flash_attn_kvpacked_func",
