@@ -74,8 +74,9 @@ def usp_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     Ulysses x ring mesh; rows as usp_shard gives them.  nheads and nheads_k must be multiples
     of the Ulysses group's size; L a multiple of that size (twice it for zigzag).  Arguments
     otherwise as the ring functions' (dropout_p 0, no ALiBi; windows and causal in global
-    positions); ulysses_group and ring_group default to the whole world (then the other is
-    a group of one).  Returns out, or (out, softmax_lse (batch, nheads, L), None) with
+    positions); give ulysses_group, ring_group or both: a missing one is a group of one
+    (ring_group=None: Ulysses alone, in usp's layout; ulysses_group=None: the ring alone), and
+    neither raises ValueError.  Returns out, or (out, softmax_lse (batch, nheads, L), None) with
     return_attn_probs; both differentiable."""
     name = "usp_flash_attn_func"
     if layout not in LAYOUTS:
