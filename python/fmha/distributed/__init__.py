@@ -7,7 +7,8 @@ function names and signatures (switching is one import line), computed by fmha's
 
 Ring attention (K/V passed around the ring, batched isend/irecv on a side stream on GPUs,
 merged by LSE) in three layouts, fixed length and varlen; Llama 3's all-gather for packed
-documents; Ulysses (all-to-all over heads); Ulysses x ring on a 2-D mesh (usp_*); sharding helpers.  See docs/distributed.md.
+documents; Ulysses (all-to-all over heads); Ulysses x ring on a 2-D mesh (usp_*); sharding
+helpers.  See docs/distributed.md.
 """
 
 from .llama3 import (
