@@ -296,12 +296,17 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int row_wg = cw * 64;  // this warpgroup's first row in the tile
   const KMajorDesc<TileQ> desc_q(sQ, row_wg);
+  // Ping-pong turns, consumer 0 first: consumer 1 passes it the CTA's first turn here, and
+  // consumer 0 takes consumer 1's last pass after the last tile.  Each consumer passes the
+  // turn after every issue, the last of a tile included, so that consumer 0 may start the
+  // next tile's first product while consumer 1 still stores this one.
   auto turn_wait = [&] {
     if (K::kPingPong) named_barrier_sync(kBarTurn + cw, 256);
   };
   auto turn_pass = [&] {
     if (K::kPingPong) named_barrier_arrive(kBarTurn + (1 - cw), 256);
   };
+  if (K::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 256);
   int it = 0, q_phase = 0;
 
   order.for_each([&](int m_block, int h, int b) {
@@ -319,9 +324,6 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
     if (n_blocks > 0) {
       const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, w.geom, b, h);
-      // Consumer 0 issues first; consumer 1 passes it the first turn and, to keep the
-      // counts even, skips passing the turn after its last issue.
-      if (K::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 256);
 
       float acc_s[1][kNT][4];
       uint32_t a_p[1][kNT / 2][4];  // P as wgmma A fragments
@@ -431,7 +433,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wait_full(full_v, n_blocks - 1);
       turn_wait();
       issue_pv(n_blocks - 1);
-      if (cw == 0) turn_pass();
+      turn_pass();
       wgmma_wait<0>();
       fence_operand(acc_o);
       release(empty_v, n_blocks - 1);
@@ -501,6 +503,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     it += n_blocks;
     q_phase ^= 1;
   });
+  if (K::kPingPong && cw == 0) turn_wait();  // consumer 1's last pass
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
