@@ -2,9 +2,9 @@
 # On the device machine, from the repository root (main without the patch), logs under $OUT:
 #   OUT=/tmp/out bash benchmarks/results/2026-12-02-h200-fwd-turns/tune/run_turn_protocol.sh
 # Builds tools/tune/tune_sm90.cu from main and from a copy with turn_protocol.patch applied
-# (TUNE_D = 64, 128, 256), times them alternately (two rounds), then builds the sm_90 wheel of
-# the patched copy and runs the GPU half of the suite with it.  Not run yet (written when the
-# session's device time had run out).
+# (every TUNE_D), times them alternately (two rounds), then builds the sm_90 wheel of the
+# patched copy and runs the forward's GPU tests with it.  Run at c192a76
+# (turn_protocol.txt beside it); main has the patch since f5cc3d6, so it no longer applies there.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/turn-out}
