@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "fmha/fmha.h"
@@ -21,6 +22,30 @@ constexpr int kMaxDecodeSplits = 128;  // split-KV partials per row, at most
 
 // The cache element a decode kernel instance reads.
 enum class CacheKind { kPlain, kFp8, kInt8 };
+
+// The element types of a decode call's kernels: T of the queries (and output), Elem of the
+// cache (T, or the 8-bit storage of an fp8 or int8 cache), kCache its kind.
+template <class T_, class Elem_, CacheKind kCache_>
+struct DecodeTypes {
+  using T = T_;
+  using Elem = Elem_;
+  static constexpr CacheKind kCache = kCache_;
+};
+
+// f(DecodeTypes<...>{}) for p's query dtype and cache element; Half and BFloat16 are the
+// backend's 16-bit types.
+template <class Half, class BFloat16, class F>
+void with_decode_types(const fmha_decode_params& p, F&& f) {
+  auto with_cache = [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return f(DecodeTypes<T, uint8_t, CacheKind::kFp8>{});
+    if (p.cache_dtype == FMHA_DTYPE_INT8) return f(DecodeTypes<T, int8_t, CacheKind::kInt8>{});
+    return f(DecodeTypes<T, T, CacheKind::kPlain>{});
+  };
+  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_cache(static_cast<Half*>(nullptr));
+  if (p.dtype == FMHA_DTYPE_BFLOAT16) return with_cache(static_cast<BFloat16*>(nullptr));
+  return with_cache(static_cast<float*>(nullptr));
+}
 
 // The query tile a CTA packs: the rows of every query head sharing a KV head, tile_rows
 // at a time (row r = i * group + head-in-group; 16 on HIP, 8 on CUDA, whose products run

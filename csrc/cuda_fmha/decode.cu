@@ -4,8 +4,7 @@
 // lengths are never read), and fmha_decode_workspace_size() asks the same function.
 #include <cuda_runtime.h>
 
-#include <map>
-#include <mutex>
+#include <type_traits>
 
 #include "../common/backend.h"
 #include "../common/decode_plan.h"
@@ -22,24 +21,10 @@ namespace {
 
 constexpr int kThreadsRow = 32 * kRowWarps;
 
-template <class T_, class Elem_>
-struct Types {
-  using T = T_;
-  using Elem = Elem_;
-};
-
-// f(Types<T, Elem>{}) for the query dtype and the cache element of p.
-template <class T, class F>
-void with_elem(const fmha_decode_params& p, F&& f) {
-  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return f(Types<T, uint8_t>{});
-  if (p.cache_dtype == FMHA_DTYPE_INT8) return f(Types<T, int8_t>{});
-  return f(Types<T, T>{});
-}
+// f(DecodeTypes<T, Elem, kCache>{}) for the query dtype and the cache element of p.
 template <class F>
 void with_types(const fmha_decode_params& p, F&& f) {
-  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_elem<__half>(p, f);
-  if (p.dtype == FMHA_DTYPE_BFLOAT16) return with_elem<__nv_bfloat16>(p, f);
-  return with_elem<float>(p, f);
+  with_decode_types<__half, __nv_bfloat16>(p, f);
 }
 
 // Whether p runs the wide 8-bit kernel (DecodeWideConfig): 8-bit cache, D <= 128, and a
@@ -64,30 +49,14 @@ void with_dim(const fmha_decode_params& p, F&& f) {
   if (p.head_dim <= 128) return with_width<T, C, 128>(p, f);
   return f(DecodeConfig<T, C, 256>{});
 }
-template <class T, class F>
-void with_cache(const fmha_decode_params& p, F&& f) {
-  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return with_dim<T, CacheKind::kFp8>(p, f);
-  if (p.cache_dtype == FMHA_DTYPE_INT8) return with_dim<T, CacheKind::kInt8>(p, f);
-  return with_dim<T, CacheKind::kPlain>(p, f);
-}
+
+// f(DecodeConfig{}) for p, whose queries are fp16/bf16.
 template <class F>
 void with_config(const fmha_decode_params& p, F&& f) {
-  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_cache<__half>(p, f);
-  return with_cache<__nv_bfloat16>(p, f);
-}
-
-// Multiprocessors of the current device, read once per device.
-int sm_count() {
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return known[device] = sms;
+  with_types(p, [&](auto types) {
+    using Ty = decltype(types);
+    if constexpr (!std::is_same_v<typename Ty::T, float>) with_dim<typename Ty::T, Ty::kCache>(p, f);
+  });
 }
 
 // A wave of the cache stream: one CTA per SM keeps a contiguous 16-bit cache at the copy
@@ -101,8 +70,8 @@ int sm_count() {
 DecodePlan plan(const fmha_decode_params& p) {
   const bool quant = quantized_cache(p);
   const int per_sm = quant ? (p.head_dim <= 128 ? (use_wide(p) ? 1 : 3) : 2) : p.block_table != nullptr ? 2 : 1;
-  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows), (int64_t)sm_count() * per_sm,
-                          quant ? 16 : 8);
+  return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows),
+                          (int64_t)device_sm_count() * per_sm, quant ? 16 : 8);
 }
 
 int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 1) / per_block); }

@@ -6,8 +6,6 @@
 // function.
 #include <hip/hip_runtime.h>
 
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "../common/backend.h"
@@ -23,24 +21,10 @@ namespace hip {
 
 namespace {
 
-template <class T_, class Elem_>
-struct Types {
-  using T = T_;
-  using Elem = Elem_;
-};
-
-// f(Types<T, Elem>{}) for the query dtype and the cache element of p.
-template <class T, class F>
-void with_elem(const fmha_decode_params& p, F&& f) {
-  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return f(Types<T, uint8_t>{});
-  if (p.cache_dtype == FMHA_DTYPE_INT8) return f(Types<T, int8_t>{});
-  return f(Types<T, T>{});
-}
+// f(DecodeTypes<T, Elem, kCache>{}) for the query dtype and the cache element of p.
 template <class F>
 void with_types(const fmha_decode_params& p, F&& f) {
-  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_elem<f16>(p, f);
-  if (p.dtype == FMHA_DTYPE_BFLOAT16) return with_elem<bf16>(p, f);
-  return with_elem<float>(p, f);
+  with_decode_types<f16, bf16>(p, f);
 }
 
 // f(DecodeConfig{}) of the matrix-core kernel for p (fp16/bf16 queries); head dims pad to
@@ -51,30 +35,14 @@ void with_dim(const fmha_decode_params& p, F&& f) {
   if (p.head_dim <= 128) return f(DecodeConfig<T, C, 128>{});
   return f(DecodeConfig<T, C, 256>{});
 }
-template <class T, class F>
-void with_cache(const fmha_decode_params& p, F&& f) {
-  if (p.cache_dtype == FMHA_DTYPE_FLOAT8_E4M3) return with_dim<T, CacheKind::kFp8>(p, f);
-  if (p.cache_dtype == FMHA_DTYPE_INT8) return with_dim<T, CacheKind::kInt8>(p, f);
-  return with_dim<T, CacheKind::kPlain>(p, f);
-}
+
+// f(DecodeConfig{}) for p, whose queries are fp16/bf16.
 template <class F>
 void with_config(const fmha_decode_params& p, F&& f) {
-  if (p.dtype == FMHA_DTYPE_FLOAT16) return with_cache<f16>(p, f);
-  return with_cache<bf16>(p, f);
-}
-
-// Compute units of the current device, read once per device.
-int cu_count() {
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  int device = 0;
-  check_hip(hipGetDevice(&device), "hipGetDevice");
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int cus = 0;
-  check_hip(hipDeviceGetAttribute(&cus, hipDeviceAttributeMultiprocessorCount, device), "hipDeviceGetAttribute");
-  return known[device] = cus;
+  with_types(p, [&](auto types) {
+    using Ty = decltype(types);
+    if constexpr (!std::is_same_v<typename Ty::T, float>) with_dim<typename Ty::T, Ty::kCache>(p, f);
+  });
 }
 
 // The CUDA backend's split rule (a wave of one workgroup per CU for contiguous caches, two
@@ -82,7 +50,7 @@ int cu_count() {
 // on AMD hardware.
 DecodePlan plan(const fmha_decode_params& p) {
   return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p),
-                          (int64_t)cu_count() * (p.block_table != nullptr ? 2 : 1), 8);
+                          (int64_t)device_sm_count() * (p.block_table != nullptr ? 2 : 1), 8);
 }
 
 int grid_size(int64_t items, int per_block) { return (int)((items + per_block - 1) / per_block); }

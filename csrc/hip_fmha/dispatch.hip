@@ -5,6 +5,7 @@
 // instances/instances.h and compiled one per translation unit.
 #include <hip/hip_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <utility>
 
@@ -19,6 +20,18 @@ namespace hip {
 
 void check_hip(hipError_t err, const char* what) {
   if (err != hipSuccess) throw Error(FMHA_ERROR_DEVICE, format("%s: %s", what, hipGetErrorString(err)));
+}
+
+int device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};
+  int device = 0;
+  check_hip(hipGetDevice(&device), "hipGetDevice");
+  if (device < kMaxDevices && known[device] > 0) return known[device];
+  int value = 0;
+  check_hip(hipDeviceGetAttribute(&value, hipDeviceAttributeMultiprocessorCount, device), "hipDeviceGetAttribute");
+  if (device < kMaxDevices) known[device] = value;
+  return value;
 }
 
 // The matrix-core kernels read and write 16-byte rows through buffer instructions whose

@@ -14,6 +14,10 @@ namespace hip {
 // Throws fmha::Error(FMHA_ERROR_DEVICE) with the HIP message if err is not hipSuccess.
 void check_hip(hipError_t err, const char* what);
 
+// Compute units (multiprocessors) of the current device, read once per device: the name
+// the CUDA backend gives its SM count.
+int device_sm_count();
+
 // Throws FMHA_ERROR_UNSUPPORTED unless t suits the matrix-core kernels' 16-byte row
 // accesses: 16-byte aligned, strides and head_dim multiples of 8 elements of elem_bytes
 // (2: f16/bf16, 1: an 8-bit cache), row stride within the 32-bit buffer offsets.
