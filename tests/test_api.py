@@ -26,7 +26,8 @@ SINKS = [("s_aux", None), ("learnable_sink", None)]
 
 # name -> (positional-or-keyword parameters with defaults, keyword-only parameters)
 SIGNATURES = {
-    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS, [("out", None)] + SINKS),
+    "flash_attn_func": ([("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED)] + FA_KEYWORDS,
+                        [("out", None)] + SINKS + [("q_descale", None), ("k_descale", None), ("v_descale", None)]),
     "flash_attn_qkvpacked_func": ([("qkv", REQUIRED)] + FA_KEYWORDS, SINKS),
     "flash_attn_kvpacked_func": ([("q", REQUIRED), ("kv", REQUIRED)] + FA_KEYWORDS, SINKS),
     "flash_attn_varlen_func": (

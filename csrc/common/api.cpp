@@ -101,6 +101,18 @@ FMHA_API void fmha_decode_params_init(fmha_decode_params* p) {
   p->rotary_interleaved = 1;
 }
 
+FMHA_API fmha_status fmha_fwd_workspace_size(const fmha_fwd_params* params, size_t* bytes) {
+  return guarded([&] {
+    FMHA_REQUIRE(bytes != nullptr, "fmha_fwd_workspace_size: bytes is NULL");
+    const fmha_fwd_params p = read_params(params);
+    validate(p);
+    *bytes = 0;
+#if defined(FMHA_WITH_CUDA)
+    if (p.device == FMHA_DEVICE_CUDA) *bytes = cuda::fwd_workspace_size(p);
+#endif
+  });
+}
+
 FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream) {
   return guarded([&] {
     const fmha_fwd_params p = read_params(params);

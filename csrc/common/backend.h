@@ -18,6 +18,7 @@ void capabilities(fmha_capabilities* caps);
 
 #if defined(FMHA_WITH_CUDA)
 namespace cuda {
+size_t fwd_workspace_size(const fmha_fwd_params& p);
 void fwd(const fmha_fwd_params& p, void* stream);
 size_t bwd_workspace_size(const fmha_bwd_params& p);
 void bwd(const fmha_bwd_params& p, void* stream);

@@ -14,7 +14,8 @@ namespace {
 
 // Size of the first published layout of each params struct.  A caller compiled against an
 // older header passes a smaller struct_size; the fields it lacks read as zero.
-constexpr uint32_t kFwdParamsV1 = sizeof(fmha_fwd_params);
+// fmha_fwd_params grew the fp8 forward's descales and workspace after its first layout.
+constexpr uint32_t kFwdParamsV1 = offsetof(fmha_fwd_params, q_descale);
 constexpr uint32_t kBwdParamsV1 = sizeof(fmha_bwd_params);
 // fmha_decode_params grew cu_seqlens_q and total_q after its first layout.
 constexpr uint32_t kDecodeParamsV1 = offsetof(fmha_decode_params, cu_seqlens_q);
@@ -39,11 +40,14 @@ void check_tensor(const fmha_tensor& t, const char* name, bool needed) {
                (long long)t.batch_stride, (long long)t.row_stride, (long long)t.head_stride);
 }
 
-void check_device_dtype(fmha_device device, fmha_dtype dtype) {
+// fp8: the forward takes FMHA_DTYPE_FLOAT8_E4M3 too (validate(fmha_fwd_params)).
+void check_device_dtype(fmha_device device, fmha_dtype dtype, bool fp8 = false) {
   FMHA_REQUIRE(device == FMHA_DEVICE_CPU || device == FMHA_DEVICE_CUDA || device == FMHA_DEVICE_HIP,
                "device %d is not one of FMHA_DEVICE_CPU, _CUDA, _HIP", (int)device);
-  FMHA_REQUIRE(dtype == FMHA_DTYPE_FLOAT32 || dtype == FMHA_DTYPE_FLOAT16 || dtype == FMHA_DTYPE_BFLOAT16,
-               "dtype %d is not one of FMHA_DTYPE_FLOAT32, _FLOAT16, _BFLOAT16", (int)dtype);
+  FMHA_REQUIRE(dtype == FMHA_DTYPE_FLOAT32 || dtype == FMHA_DTYPE_FLOAT16 || dtype == FMHA_DTYPE_BFLOAT16 ||
+                   (fp8 && dtype == FMHA_DTYPE_FLOAT8_E4M3),
+               "dtype %d is not one of FMHA_DTYPE_FLOAT32, _FLOAT16, _BFLOAT16%s", (int)dtype,
+               fp8 ? ", _FLOAT8_E4M3" : "");
 }
 
 void check_heads(int32_t batch, int32_t heads_q, int32_t heads_k, int32_t head_dim) {
@@ -65,8 +69,8 @@ void check_scores(float scale, float softcap, int32_t window_left, int32_t windo
   FMHA_REQUIRE(alibi_batch_stride >= 0, "alibi_batch_stride must be >= 0 (got %lld)", (long long)alibi_batch_stride);
 }
 
-void check_problem(fmha_device device, const fmha_problem& p) {
-  check_device_dtype(device, p.dtype);
+void check_problem(fmha_device device, const fmha_problem& p, bool fp8 = false) {
+  check_device_dtype(device, p.dtype, fp8);
   check_heads(p.batch, p.num_heads_q, p.num_heads_k, p.head_dim);
   FMHA_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0 (got %d, %d)",
                p.seqlen_q, p.seqlen_k);
@@ -108,13 +112,25 @@ fmha_decode_params read_params(const fmha_decode_params* p) {
 }
 
 void validate(const fmha_fwd_params& p) {
-  check_problem(p.device, p.problem);
+  check_problem(p.device, p.problem, true);
   const bool work = has_work(p.problem), keys = has_keys(p.problem);
   check_tensor(p.q, "q", work);
   check_tensor(p.k, "k", work && keys);
   check_tensor(p.v, "v", work && keys);
   check_tensor(p.out, "out", work);
   check_tensor(p.probs, "probs", false);
+  if (p.problem.dtype != FMHA_DTYPE_FLOAT8_E4M3) return;
+  if (p.device != FMHA_DEVICE_CUDA)
+    FMHA_UNSUPPORTED("the fp8 forward (dtype FMHA_DTYPE_FLOAT8_E4M3) runs on CUDA GPUs with compute capability 9.0 "
+                     "only, not on device %d",
+                     (int)p.device);
+  FMHA_REQUIRE(p.problem.dropout_p == 0.f, "the fp8 forward has no dropout (dropout_p is %g)",
+               (double)p.problem.dropout_p);
+  FMHA_REQUIRE(p.probs.data == nullptr, "the fp8 forward does not return probs");
+  FMHA_REQUIRE(p.problem.seqused_k == nullptr, "the fp8 forward does not take seqused_k");
+  for (auto [d, name] : {std::pair{&p.q_descale, "q_descale"}, {&p.k_descale, "k_descale"}, {&p.v_descale, "v_descale"}})
+    FMHA_REQUIRE(d->batch_stride >= 0 && d->head_stride >= 0, "%s strides must be >= 0 (got batch %lld, head %lld)",
+                 name, (long long)d->batch_stride, (long long)d->head_stride);
 }
 
 void validate(const fmha_bwd_params& p) {
@@ -132,7 +148,7 @@ void validate(const fmha_bwd_params& p) {
 }
 
 void validate(const fmha_decode_params& p) {
-  check_device_dtype(p.device, p.dtype);
+  check_device_dtype(p.device, p.dtype, false);
   check_heads(p.batch, p.num_heads_q, p.num_heads_k, p.head_dim);
   check_scores(p.scale, p.softcap, p.window_left, p.window_right, p.alibi_batch_stride);
   FMHA_REQUIRE(p.seqlen_q >= 0, "seqlen_q must be >= 0 (got %d)", p.seqlen_q);

@@ -77,7 +77,12 @@ using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : F
 template <class T, int D, bool kScoreMod, bool kLong = false>
 using FwdSm90Config = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, kLong ? FwdSm90Tile<D>::kNLong : FwdSm90Tile<D>::kN,
                                     FwdSm90Tile<D>::kStages, kScoreMod>;
+// The fp8 forward (e4m3 in, bf16 out): 128 x 128 tiles at head dims 64, 128, 256 (k-steps
+// of 32 keys; not tuned yet).
+template <int D, bool kScoreMod>
+using FwdSm90Fp8Config = FwdSm90Traits<__nv_fp8_e4m3, D, 128, 128, 2, kScoreMod>;
 static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
+                  FwdSm90Fp8Config<256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
               "the sm90 forward's tiles must fit 227 KB");
 

@@ -14,6 +14,7 @@
 
 #include "../common/backend.h"
 #include "../common/error.h"
+#include "fwd_fp8.h"
 #include "instances/instances.h"
 #include "launch.h"
 #include "rowwise.h"
@@ -409,12 +410,62 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
   }
 }
 
-int elem_bytes(fmha_dtype t) { return t == FMHA_DTYPE_FLOAT32 ? 4 : 2; }
+int elem_bytes(fmha_dtype t) { return t == FMHA_DTYPE_FLOAT32 ? 4 : t == FMHA_DTYPE_FLOAT8_E4M3 ? 1 : 2; }
+
+// The fp8 forward: V^T into the workspace, then the sm_90a kernel on e4m3 (head dims up to
+// 64, 128 and 256 run the 64, 128 and 256 instances).  It has no mma.sync twin, so
+// FMHA_FORCE_MMA_SYNC does not apply, and other GPUs are told so.
+template <int D>
+void fwd_fp8_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  const bool ran = score_mods(p.problem) ? run_fwd_sm90<FwdSm90Fp8Config<D, true>>(p, s)
+                                         : run_fwd_sm90<FwdSm90Fp8Config<D, false>>(p, s);
+  if (!ran)
+    FMHA_UNSUPPORTED("the copy engine cannot describe q, k or v of this fp8 call (every stride must be positive "
+                     "and below 2^40 bytes)");
+}
+
+void fwd_fp8(const fmha_fwd_params& p, cudaStream_t s) {
+#ifdef FMHA_WITH_SM90A
+  const fmha_problem& pr = p.problem;
+  if (device_cc_major() != 9)
+    FMHA_UNSUPPORTED("the fp8 forward runs on compute capability 9.0 GPUs (Hopper) only; this one is %d.x",
+                     device_cc_major());
+  const size_t need = fwd_fp8_workspace_size(pr);
+  FMHA_REQUIRE(p.workspace_size >= need && (need == 0 || p.workspace != nullptr),
+               "workspace of %zu bytes at %p is too small: fmha_fwd_workspace_size() asks for %zu", p.workspace_size,
+               p.workspace, need);
+  FMHA_REQUIRE(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, "workspace must be 16-byte aligned (got %p)",
+               p.workspace);
+  if (pr.batch == 0 || pr.seqlen_q == 0 || (pr.cu_seqlens_q != nullptr && pr.total_q == 0)) return;
+  fp8_v_transpose(p, s);
+  switch (pr.head_dim <= 64 ? 64 : pr.head_dim <= 128 ? 128 : 256) {
+    case 64: fwd_fp8_instance<64>(p, s); break;
+    case 128: fwd_fp8_instance<128>(p, s); break;
+    default: fwd_fp8_instance<256>(p, s); break;
+  }
+  if (pr.cu_seqlens_q != nullptr && pr.total_q > 0) {
+    zero_outside_kernel<__nv_bfloat16><<<dim3(ceil_div(pr.total_q, kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
+        p.out, p.lse, pr.cu_seqlens_q, pr.batch, pr.total_q, pr.head_dim);
+    check_cuda(cudaGetLastError(), "zero_outside_kernel launch");
+  }
+#else
+  (void)p, (void)s;
+  FMHA_UNSUPPORTED("the fp8 forward needs the sm_90a kernels, which this build lacks (FMHA_CUDA_ARCHS without 90)");
+#endif
+}
 
 }  // namespace
 
+size_t fwd_workspace_size(const fmha_fwd_params& p) { return fwd_fp8_workspace_size(p.problem); }
+
 void fwd(const fmha_fwd_params& p, void* stream) {
   const fmha_problem& pr = p.problem;
+  if (pr.dtype == FMHA_DTYPE_FLOAT8_E4M3) {  // e4m3 in, bf16 out
+    for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}})
+      check_vector_layout(*t, name, pr.head_dim, 1);
+    check_vector_layout(p.out, "out", pr.head_dim, 2);
+    return fwd_fp8(p, static_cast<cudaStream_t>(stream));
+  }
   if (pr.dtype != FMHA_DTYPE_FLOAT32) {
     for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}})
       check_vector_layout(*t, name, pr.head_dim, elem_bytes(pr.dtype));

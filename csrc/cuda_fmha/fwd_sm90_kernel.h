@@ -15,7 +15,17 @@
 // one's softmax also overlaps the other's products.  setmaxnreg moves registers from the
 // producer (which needs few) to the consumers.  The rings run on from tile to tile, so the
 // next tile's first K block loads during the last one's final products and epilogue.
+//
+// fp8 (T = __nv_fp8_e4m3, FlashAttention-3's fp8 forward): the same kernel on m64nNk32
+// e4m3 products.  wgmma reads 8-bit operands K-major only, so P V takes V transposed (head
+// dim x keys) from the workspace, where fp8_v_transpose_kernel (fwd_fp8.cu) writes it with
+// each 32-key group's columns in the order P's registers hold their keys (fp8_key_of), so P
+// goes from its accumulators to A fragments without moving between lanes (acc_to_a8;
+// fwd_fp8.h has V^T's layout).  The
+// descales fold into the score scale and the output's 1 / l; O leaves as bfloat16.
 #pragma once
+
+#include <type_traits>
 
 #include <math.h>
 
@@ -23,6 +33,7 @@
 #include "../common/sequence.h"
 #include "../common/softmax.h"
 #include "fmha/fmha.h"
+#include "fwd_fp8.h"
 #include "launch.h"
 #include "scores.h"
 #include "tile/mma.h"
@@ -55,6 +66,8 @@ template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, boo
           bool kPingPong_ = kBlockM_ == 128, int kOStore_ = -1>
 struct FwdSm90Traits {
   using T = T_;
+  static constexpr bool kFp8 = std::is_same<T, __nv_fp8_e4m3>::value;
+  using TO = std::conditional_t<kFp8, __nv_bfloat16, T>;  // out's element
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr bool kScoreMod = kScoreMod_;
   static constexpr int kConsumers = kBlockM / 64;
@@ -62,9 +75,13 @@ struct FwdSm90Traits {
   static constexpr int kNT = kBlockN / 8;  // 8-column blocks of S per warp
   static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of O per warp
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "one to three 64-row consumers");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0, "tile shape");
-  using TileQ = Sm90Tile<kBlockM, kHeadDim>;
-  using TileKV = Sm90Tile<kBlockN, kHeadDim>;
+  static_assert(kBlockN % (kFp8 ? 32 : 16) == 0 && kBlockN <= 256 && kHeadDim % 32 == 0, "tile shape");
+  static_assert(!kFp8 || (kHeadDim % 64 == 0 && kBlockN == 128), "fp8: head dims 64, 128, 256; 128-key blocks");
+  using TileQ = std::conditional_t<kFp8, Sm90Tile8<kBlockM, kHeadDim>, Sm90Tile<kBlockM, kHeadDim>>;
+  using TileKV = std::conditional_t<kFp8, Sm90Tile8<kBlockN, kHeadDim>, Sm90Tile<kBlockN, kHeadDim>>;
+  // V's ring: blocks of V as K's, or for fp8 of V^T (head dim x keys, one 128-key slab).
+  using TileV = std::conditional_t<kFp8, Sm90Tile8<kHeadDim, kBlockN>, TileKV>;
+  static constexpr int kKSteps = kBlockN * (int)sizeof(T) / 32;  // k-steps of P V: 16 keys, or 32 (fp8)
   // Registers per thread after setmaxnreg: the producer keeps few, the consumers share the
   // rest of the 64K (24 x 128 + 240 x 256 = 64512; 32 x 128 + 160 x 384 = 65536).
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
@@ -75,7 +92,7 @@ struct FwdSm90Traits {
   // line, the period of the 128-byte swizzle.
   static constexpr int kOffK = TileQ::kBytes;
   static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
-  static constexpr int kOffO = kOffV + kStages * TileKV::kBytes;
+  static constexpr int kOffO = kOffV + kStages * TileV::kBytes;
   static constexpr int kBars = 2 + 4 * kStages;
   // How O leaves (tools/tune/tune_sm90.cu on an H200): at D <= 64 straight from registers
   // (4-7% faster than staging there); above, staged so that 16-byte rows go out (the direct
@@ -83,21 +100,31 @@ struct FwdSm90Traits {
   // buffer of its own where it fits 227 KB, else through the consumer's rows of the Q
   // buffer.  Unless O uses the Q buffer, Q is free after the tile's last S = Q K^T, and the
   // next tile's Q loads during the last P V and the epilogue.
+  // fp8 stages O (bf16, TileO) in a buffer of its own too: its Q buffer holds 8-bit rows.
+  using TileO = Sm90Tile<kBlockM, kHeadDim>;
   static constexpr OStore kOStore =
       kOStore_ >= 0 ? OStore(kOStore_)
       : kHeadDim <= 64 ? OStore::kRegisters
-      : kOffO + TileQ::kBytes + kBars * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
-                                                            : OStore::kQBuffer;
+      : kOffO + TileO::kBytes + kBars * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
+      : kFp8 ? OStore::kRegisters
+             : OStore::kQBuffer;
   static constexpr bool kReleaseQEarly = kOStore != OStore::kQBuffer;
   // How the softmax sums a row: by a tree after its exp2s, or in two chains of adds beside
   // them.  At D = 64 two chains were 0.5-3.8% faster than one (the kernel before) and the
   // tree 0-3% slower than two; above, the tree gave D = 96 up to 4.4%, D = 128 -0.6 to +3.5%
   // over two calls, D = 192 and 256 within 2% (tools/tune/tune_sm90.cu, docs/tuning.md).
   static constexpr bool kTreeSum = kHeadDim > 64;
-  static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileQ::kBytes : 0);
+  static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
-  static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0, "tiles on 1024-byte lines");
+  static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileV::kBytes % 1024 == 0,
+                "tiles on 1024-byte lines");
+  static_assert(!kFp8 || kOStore != OStore::kQBuffer, "fp8's Q buffer holds 8-bit rows");
 };
+
+// An fp8 input's dequantization factor for sequence b, KV head hk (fmha_descale).
+__device__ __forceinline__ float descale_at(const fmha_descale& d, int b, int hk) {
+  return d.data == nullptr ? 1.f : __ldg(d.data + (int64_t)b * d.batch_stride + (int64_t)hk * d.head_stride);
+}
 
 // Named barriers: 0 is __syncthreads; 1 and 2 are the two consumers' turns (ping-pong),
 // 3 to 5 each consumer's own (the epilogue).
@@ -191,6 +218,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   using T = typename K::T;
   using TileQ = typename K::TileQ;
   using TileKV = typename K::TileKV;
+  using TileV = typename K::TileV;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
@@ -232,7 +260,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   // its Q, whose buffer the consumers free only after their epilogue.
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    const bool paged = maps.pages.block_table != nullptr;
+    const bool paged = !K::kFp8 && maps.pages.block_table != nullptr;
     if (tid >= (paged ? 32 : 1)) return;
     const bool leader = tid == 0;
     if (leader) {
@@ -250,15 +278,23 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       auto load = [&](T* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, int i, int page) {
         const int stage = (it + i) % kStages;
         mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
-        T* tile = ring + stage * (TileKV::kBytes / 2);
-        if (paged)
-          return load_pages<K>(tile, map, full + stage, maps.pages, w, (w.n_end - 1 - i) * kBlockN, page,
+        const int n0 = (w.n_end - 1 - i) * kBlockN;
+        if constexpr (K::kFp8) {
+          if (ring == sV) {  // V^T: one box of kBlockN keys by the head dim
+            T* tile = ring + stage * TileV::kElems;
+            mbar_arrive_expect_tx(full + stage, TileV::kBytes);
+            const int col = (int)(w.seq.varlen ? fp8_vt_col0(w.seq.k_row0, b) : 0) + n0;
+            return tma_load_4d(tile, map, full + stage, col, 0, w.hk, batch);
+          }
+        } else if (paged) {
+          return load_pages<K>(ring + stage * TileKV::kElems, map, full + stage, maps.pages, w, n0, page,
                                pr.head_dim, ring == sV ? &p.v : nullptr);
+        }
+        T* tile = ring + stage * TileKV::kElems;
         mbar_arrive_expect_tx(full + stage, TileKV::kBytes);
-        const int row = k_row + (w.n_end - 1 - i) * kBlockN;
 #pragma unroll
         for (int s = 0; s < TileKV::kSlabs; ++s)
-          tma_load_4d(tile + s * (TileKV::kSlabBytes / 2), map, full + stage, s * TileKV::kSlab, row, w.hk, batch);
+          tma_load_4d(tile + s * TileKV::kSlabElems, map, full + stage, s * TileKV::kSlab, k_row + n0, w.hk, batch);
       };
       auto page_of = [&](int i) {
         return paged && i < w.n_blocks ? box_page<K>(maps.pages, w, (w.n_end - 1 - i) * kBlockN) : 0;
@@ -270,7 +306,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         mbar_arrive_expect_tx(full_q, TileQ::kBytes);
 #pragma unroll
         for (int s = 0; s < TileQ::kSlabs; ++s)
-          tma_load_4d(sQ + s * (TileQ::kSlabBytes / 2), &maps.q, full_q, s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0,
+          tma_load_4d(sQ + s * TileQ::kSlabElems, &maps.q, full_q, s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0,
                       h, batch);
       } else if (leader) {
         mbar_arrive(full_q);  // rows that see no key: the consumers only write zeros through sQ
@@ -323,29 +359,38 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     mbar_wait(full_q, q_phase);
 
     if (n_blocks > 0) {
-      const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, w.geom, b, h);
+      const float qk_descale = K::kFp8 ? descale_at(p.q_descale, b, w.hk) * descale_at(p.k_descale, b, w.hk) : 1.f;
+      const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, w.geom, b, h, qk_descale);
 
       float acc_s[1][kNT][4];
-      uint32_t a_p[1][kNT / 2][4];  // P as wgmma A fragments
+      uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
       float rescale[2] = {1.f, 1.f};
 
       auto issue_qk = [&](int i) {  // S = Q K_i^T
-        const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * (TileKV::kBytes / 2), 0);
+        const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
         fence_operand(acc_s[0]);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
           Wgmma<T, kBlockN>::template ss<0, 0>(acc_s[0], desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
         wgmma_commit();
         fence_operand(acc_s[0]);
       };
       auto issue_pv = [&](int i) {  // O += P V_i
-        const MnMajorDesc<TileKV> desc_v(sV + ((it + i) % kStages) * (TileKV::kBytes / 2));
+        const T* tile_v = sV + ((it + i) % kStages) * TileV::kElems;
         fence_operand(acc_o);
         wgmma_fence();
+        if constexpr (K::kFp8) {
+          const KMajorDesc<TileV> desc_v(tile_v, 0);  // V^T
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-          Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+          for (int kk = 0; kk < K::kKSteps; ++kk)
+            Wgmma<T, kHeadDim>::template rs<0>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+        } else {
+          const MnMajorDesc<TileV> desc_v(tile_v);
+#pragma unroll
+          for (int kk = 0; kk < K::kKSteps; ++kk)
+            Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+        }
         wgmma_commit();
         fence_operand(acc_o);
       };
@@ -397,7 +442,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           acc_o[n][2] *= rescale[1], acc_o[n][3] *= rescale[1];
         }
       };
-      auto pack_p = [&] { acc_to_a<T>(a_p, acc_s); };
+      auto pack_p = [&] {
+        if constexpr (K::kFp8)
+          acc_to_a8(a_p, acc_s);
+        else
+          acc_to_a<T>(a_p, acc_s);
+      };
 
       wait_full(full_k, 0);
       turn_wait();
@@ -444,12 +494,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     // Epilogue (lines 14-15): O / l and LSE; O is stored in rows inside the sequence and
     // columns inside head_dim only.
     float* lse = p.lse;
-    T* gO = static_cast<T*>(p.out.data) + w.seq.q_offset(p.out, m0, h);
+    using TO = typename K::TO;
+    TO* gO = static_cast<TO*>(p.out.data) + w.seq.q_offset(p.out, m0, h);
+    const float v_descale = K::kFp8 ? descale_at(p.v_descale, b, w.hk) : 1.f;
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l = quad_sum(row_sum[r]);
-      inv[r] = softmax_inv_sum(l);
+      inv[r] = softmax_inv_sum(l) * v_descale;
       const int i = row0 + g + 8 * r;
       if (lse != nullptr && t == 0 && i < m1) lse[w.seq.lse_index(pr, i, h)] = softmax_lse(row_max[r], l);
     }
@@ -458,19 +510,20 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int i = row0 + g + 8 * r;
         if (i < m1) {
-          T* dst = gO + (i - m0) * p.out.row_stride + 2 * t;
+          TO* dst = gO + (i - m0) * p.out.row_stride + 2 * t;
 #pragma unroll
           for (int n = 0; n < kDT; ++n)
             if (n * 8 + 2 * t < pr.head_dim)
               *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                  pack2<T>(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
+                  pack2<TO>(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
         }
       }
     } else {
       // Through this warpgroup's rows of the staging buffer, 16-byte rows out.  The thread
       // index enters through an opaque copy: its addresses are the same in every tile, and
       // hoisted out of the tile loop they would stay live (and spill) through the main loop.
-      T* sO = K::kOStore == OStore::kOwnBuffer ? reinterpret_cast<T*>(smem + K::kOffO) : sQ;
+      using TileO = typename K::TileO;
+      TO* sO = K::kOStore == OStore::kOwnBuffer ? reinterpret_cast<TO*>(smem + K::kOffO) : reinterpret_cast<TO*>(sQ);
       unsigned tid_e = unsigned(tid_wg);
       asm volatile("" : "+r"(tid_e));
       // Every warp of the group is done reading its rows (of Q, or of the last tile's O).
@@ -479,10 +532,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const unsigned r = unsigned(row_wg) + (tid_e / 32) * 16 + (tid_e % 32) / 4, c0 = 2 * (tid_e % 4);
 #pragma unroll
         for (int n = 0; n < kDT; ++n) {
-          *reinterpret_cast<uint32_t*>(sO + TileQ::offset(r, c0 + n * 8)) =
-              pack2<T>(acc_o[n][0] * inv[0], acc_o[n][1] * inv[0]);
-          *reinterpret_cast<uint32_t*>(sO + TileQ::offset(r + 8, c0 + n * 8)) =
-              pack2<T>(acc_o[n][2] * inv[1], acc_o[n][3] * inv[1]);
+          *reinterpret_cast<uint32_t*>(sO + TileO::offset(r, c0 + n * 8)) =
+              pack2<TO>(acc_o[n][0] * inv[0], acc_o[n][1] * inv[0]);
+          *reinterpret_cast<uint32_t*>(sO + TileO::offset(r + 8, c0 + n * 8)) =
+              pack2<TO>(acc_o[n][2] * inv[1], acc_o[n][3] * inv[1]);
         }
       }
       named_barrier_sync(kBarEpilogue + cw, 128);
@@ -492,7 +545,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int i = 0; i < 64 * kChunks / 128; ++i) {
         const unsigned idx = tid_e + i * 128;
         const int r = row_wg + int(idx / kChunks), c = int(idx % kChunks) * 8;
-        copy_16_if(gO + r * p.out.row_stride + c, sO + TileQ::offset(r, c), r < rows_valid && c < cols_valid);
+        copy_16_if(gO + r * p.out.row_stride + c, sO + TileO::offset(r, c), r < rows_valid && c < cols_valid);
       }
       if constexpr (K::kOStore == OStore::kQBuffer) {
         // The copy engine may write the next Q over what this thread read: order the reads first.
@@ -536,13 +589,28 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
   // blocks, eight of 16 rows for pages of 16.
   maps.pages = pages != nullptr ? *pages : FwdSm90Pages{};
   maps.pages.box_rows = pages != nullptr ? std::gcd(pages->page_size, K::kBlockN) : 0;
+  // fp8 has no other path: a call without keys, whose tiles read no K or V block, gets maps
+  // over q instead (the copy engine refuses an empty tensor).
+  const bool no_keys = K::kFp8 && rows_k == 0;
   auto encode_kv = [&](CUtensorMap* map, const fmha_tensor& t) {
+    if (no_keys) return encode(map, p.q, rows_q, pr.num_heads_q, K::kBlockN);
     if (pages == nullptr) return encode(map, t, rows_k, pr.num_heads_k, K::kBlockN);
     return encode_tensor_map(map, t.data, pr.dtype, pr.head_dim, pages->page_size, pr.num_heads_k, pages->num_pages,
                              t.row_stride, t.head_stride, t.batch_stride, K::TileQ::kSlab, maps.pages.box_rows);
   };
-  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) || !encode_kv(&maps.k, p.k) ||
-      !encode_kv(&maps.v, p.v))
+  // fp8: V^T from the workspace (fp8_v_transpose), keys innermost, a box of one key block by
+  // the head dim.
+  auto encode_v = [&](CUtensorMap* map) {
+    if constexpr (K::kFp8) {
+      if (no_keys) return encode_kv(map, p.q);
+      const int64_t cols = fp8_vt_cols(pr);
+      return encode_tensor_map(map, p.workspace, pr.dtype, cols, pr.head_dim, pr.num_heads_k, batches, cols,
+                               cols * pr.head_dim, cols * pr.head_dim * pr.num_heads_k, K::TileV::kSlab,
+                               K::kHeadDim);
+    }
+    return encode_kv(map, p.v);
+  };
+  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) || !encode_kv(&maps.k, p.k) || !encode_v(&maps.v))
     return false;
   const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
                                        device_sm_count());

@@ -43,11 +43,13 @@ struct ScoreMod {
 
   // kMods = false: the caller was compiled for problems without softcap and ALiBi (the
   // backward's plain instances), so neither pass is emitted and no slope is loaded.
+  // `descale` multiplies the scale (the fp8 forward's q_descale * k_descale).
   template <bool kMods = true>
-  __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
-    if (!kMods) return make(p.scale, 0.f, false, 0.f, geom);
+  __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h,
+                                                  float descale = 1.f) {
+    if (!kMods) return make(p.scale * descale, 0.f, false, 0.f, geom);
     const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
-    return make(p.scale, p.softcap, slope != 0.f, slope, geom);
+    return make(p.scale * descale, p.softcap, slope != 0.f, slope, geom);
   }
 
   // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the

@@ -11,10 +11,10 @@
 namespace fmha {
 namespace cuda {
 
-// A 4-d map over one (rows, heads, batch) tensor of 16-bit elements, columns innermost:
-// dims (cols, rows, heads, batches), strides in elements for rows, heads and batches, and
-// a box of box_cols x box_rows (x 1 x 1) written into shared memory with the 64- or
-// 128-byte swizzle (box_cols * 2 bytes).  Elements outside the dims read as zeros.
+// A 4-d map over one (rows, heads, batch) tensor of 16-bit elements (8-bit for
+// FMHA_DTYPE_FLOAT8_E4M3), columns innermost: dims (cols, rows, heads, batches), strides in
+// elements for rows, heads and batches, and a box of box_cols x box_rows (x 1 x 1) written
+// into shared memory with the 64- or 128-byte swizzle (box_cols elements' bytes).  Elements outside the dims read as zeros.
 // Returns false when the driver refuses the layout (the caller then takes another path).
 bool encode_tensor_map(CUtensorMap* map, const void* data, fmha_dtype dtype, int64_t cols, int64_t rows,
                        int64_t heads, int64_t batches, int64_t row_stride, int64_t head_stride,

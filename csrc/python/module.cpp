@@ -40,6 +40,30 @@ fmha_tensor as_tensor(const TensorArg& t) {
 }
 fmha_tensor as_tensor(const OptionalTensorArg& t) { return t ? as_tensor(*t) : fmha_tensor{}; }
 
+// An fp8 input's dequantization factors as the Python side passes them: (data,
+// batch_stride, head_stride), float32 in device memory; None means 1 (fmha_descale).
+using DescaleArg = std::optional<std::tuple<uintptr_t, int64_t, int64_t>>;
+
+fmha_descale as_descale(const DescaleArg& d) {
+  if (!d) return fmha_descale{};
+  return fmha_descale{static_cast<const float*>(as_ptr(std::get<0>(*d))), std::get<1>(*d), std::get<2>(*d)};
+}
+
+// A workspace of fmha_*_workspace_size() bytes from `alloc(bytes)`, a Python callable returning an
+// object with a data_ptr() (a torch tensor, so torch's caching allocator serves it); called only
+// when the call needs one.  The object is returned so the caller holds it until the kernels are
+// enqueued.
+template <class Params>
+py::object attach_workspace(Params& p, size_t bytes, const py::object& alloc) {
+  py::object workspace;
+  if (bytes > 0) {
+    workspace = alloc(bytes);
+    p.workspace = as_ptr(workspace.attr("data_ptr")().cast<uintptr_t>());
+    p.workspace_size = bytes;
+  }
+  return workspace;
+}
+
 // Exposes a pointer member as a read/write int property.
 #define FMHA_PTR_PROPERTY(cls, Struct, field, Type)                                         \
   cls.def_property(                                                                          \
@@ -202,11 +226,16 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("params"));
   // The forward and backward take their tensors as (data, batch_stride, row_stride,
-  // head_stride) tuples (None: absent) and build the params struct here, in one call.
+  // head_stride) tuples (None: absent) and build the params struct here, in one call.  The
+  // workspace of either comes from `alloc` (attach_workspace): the backward's always, the
+  // forward's (the fp8 forward's; 0 bytes for every other dtype) when `alloc` is given, so a
+  // 16-bit forward pays for no workspace query.  The fp8 forward's descales are keywords.
   m.def(
       "fwd",
       [](fmha_device device, uintptr_t stream, const fmha_problem& problem, const TensorArg& q, const TensorArg& k,
-         const TensorArg& v, const TensorArg& out, uintptr_t lse, const OptionalTensorArg& probs) {
+         const TensorArg& v, const TensorArg& out, uintptr_t lse, const OptionalTensorArg& probs,
+         const DescaleArg& q_descale, const DescaleArg& k_descale, const DescaleArg& v_descale,
+         const py::object& alloc) {
         fmha_fwd_params p;
         fmha_fwd_params_init(&p);
         p.device = device;
@@ -214,14 +243,19 @@ PYBIND11_MODULE(_C, m) {
         p.q = as_tensor(q), p.k = as_tensor(k), p.v = as_tensor(v), p.out = as_tensor(out);
         p.lse = static_cast<float*>(as_ptr(lse));
         p.probs = as_tensor(probs);
+        p.q_descale = as_descale(q_descale), p.k_descale = as_descale(k_descale), p.v_descale = as_descale(v_descale);
+        py::object workspace;
+        if (!alloc.is_none()) {
+          size_t bytes = 0;
+          check(fmha_fwd_workspace_size(&p, &bytes));
+          workspace = attach_workspace(p, bytes, alloc);
+        }
         py::gil_scoped_release release;
         check(fmha_fwd(&p, as_ptr(stream)));
       },
       py::arg("device"), py::arg("stream"), py::arg("problem"), py::arg("q"), py::arg("k"), py::arg("v"),
-      py::arg("out"), py::arg("lse"), py::arg("probs"));
-  // The workspace comes from `alloc(bytes)`, a Python callable returning an object with a
-  // data_ptr() (a torch tensor, so torch's caching allocator serves it); it is called only
-  // when the backward needs one, and the object is held until the kernels are enqueued.
+      py::arg("out"), py::arg("lse"), py::arg("probs"), py::kw_only(), py::arg("q_descale") = py::none(),
+      py::arg("k_descale") = py::none(), py::arg("v_descale") = py::none(), py::arg("alloc") = py::none());
   m.def(
       "bwd",
       [](fmha_device device, uintptr_t stream, const fmha_problem& problem, const TensorArg& q, const TensorArg& k,
@@ -238,12 +272,7 @@ PYBIND11_MODULE(_C, m) {
         p.deterministic = deterministic ? 1 : 0;
         size_t bytes = 0;
         check(fmha_bwd_workspace_size(&p, &bytes));
-        py::object workspace;
-        if (bytes > 0) {
-          workspace = alloc(bytes);
-          p.workspace = as_ptr(workspace.attr("data_ptr")().cast<uintptr_t>());
-          p.workspace_size = bytes;
-        }
+        py::object workspace = attach_workspace(p, bytes, alloc);
         py::gil_scoped_release release;
         check(fmha_bwd(&p, as_ptr(stream)));
       },

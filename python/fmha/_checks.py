@@ -21,6 +21,12 @@ from ._backend import _DTYPES
 MAX_HEAD_DIM = 256
 _INT32_MAX = 2**31 - 1
 
+# The fp8 forward's input dtype (FlashAttention-3's), and every 8-bit float torch has, so that
+# the others are refused by name rather than as "not float16".
+FP8 = torch.float8_e4m3fn
+_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                              "float8_e8m0fnu") if hasattr(torch, n))
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -116,11 +122,16 @@ def attention_inputs(
     cu_seqlens_q, cu_seqlens_k, seqused_k,
     max_seqlen_q, max_seqlen_k,
     scale, softcap, window_left, window_right,
-    alibi_slopes, dropout_p,
+    alibi_slopes, dropout_p, fp8: bool = False,
 ) -> Dims:
+    """Shapes, dtypes and options of an attention call; fp8: the inputs of the fp8 forward
+    (float8_e4m3fn q, k, v; fp8_inputs checks what is particular to them)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor(x, name)
-    if q.dtype not in _DTYPES:
+    if fp8:
+        if q.dtype != FP8:
+            raise TypeError(f"q must be torch.float8_e4m3fn for the fp8 forward, got {q.dtype}")
+    elif q.dtype not in _DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -250,12 +261,16 @@ def _span(x: torch.Tensor) -> tuple[int, int]:
     return first, last + x.element_size() - 1
 
 
-def out_tensor(out, shape, q: torch.Tensor, inputs) -> torch.Tensor:
-    """Checks a caller's `out=` tensor: q's dtype and device, `shape`, a contiguous last
-    dimension, no element written twice (a zero stride), and no memory shared with the
-    inputs the kernel reads while it writes (`inputs`: (name, tensor) pairs)."""
+def out_tensor(out, shape, q: torch.Tensor, inputs, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Checks a caller's `out=` tensor: q's dtype (or `dtype`: bfloat16 for fp8 inputs) and
+    device, `shape`, a contiguous last dimension, no element written twice (a zero stride),
+    and no memory shared with the inputs the kernel reads while it writes (`inputs`:
+    (name, tensor) pairs)."""
     _tensor(out, "out")
-    if out.dtype != q.dtype:
+    if dtype is not None:
+        if out.dtype != dtype:
+            raise TypeError(f"out must be {dtype} (the fp8 forward's output dtype), got {out.dtype}")
+    elif out.dtype != q.dtype:
         raise TypeError(f"out must have q's dtype {q.dtype}, got {out.dtype}")
     if out.device != q.device:
         raise ValueError(f"out is on {out.device} but q is on {q.device}; all tensors must share a device")
@@ -325,3 +340,60 @@ def descale(x, name: str, batch: int, heads_k: int, q: torch.Tensor) -> Optional
                          f"expanded to ({batch}, {heads_k})) or per token (k_scale/v_scale of shape "
                          f"(num_blocks, page_size, nheads_k))")
     return x[0].contiguous()
+
+
+# --- The fp8 forward (FlashAttention-3's): float8_e4m3fn q, k, v on sm_90, bfloat16 out. ---
+
+
+def is_fp8(q, k, v) -> bool:
+    """Whether q, k, v are the fp8 forward's inputs: True when all three are float8_e4m3fn,
+    False when none is an 8-bit float; anything between raises, naming the odd tensor."""
+    tensors = (("q", q), ("k", k), ("v", v))
+    eight = [(n, x.dtype) for n, x in tensors if isinstance(x, torch.Tensor) and x.dtype in _FLOAT8]
+    if not eight:
+        return False
+    for name, dtype in eight:
+        if dtype != FP8:
+            raise TypeError(f"{name} is {dtype}: fp8 attention takes torch.float8_e4m3fn (e4m3) inputs only")
+    if len(eight) != 3:
+        dtypes = ", ".join(f"{n} {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}" for n, x in tensors)
+        raise TypeError(f"q, k and v must all be torch.float8_e4m3fn (the fp8 forward) or none of them, got {dtypes}")
+    return True
+
+
+def input_descale(x, name: str, batch: int, heads_k: int, q: torch.Tensor) -> None:
+    """FlashAttention-3's dequantization factor of an fp8 input: float32 on q's device, one
+    value (any shape of one element: the whole tensor) or (batch, nheads_k) (per sequence and
+    KV head, any strides)."""
+    _tensor(x, name)
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {x.dtype}")
+    if x.numel() != 1 and tuple(x.shape) != (batch, heads_k):
+        raise ValueError(f"{name} must be a scalar or have shape ({batch}, {heads_k}) (batch, nheads_k), got "
+                         f"{tuple(x.shape)}")
+    _same_device(x, name, q)
+
+
+def fp8_inputs(d: Dims, q, k, v, descales) -> None:
+    """What the fp8 forward needs beyond attention_inputs(fp8=True) (its device is checked in
+    ops): the (q, k, v)_descale factors (input_descale), and, for a head dim that is a
+    multiple of 16 (others are zero-padded to one, a copy, in ops), rows the kernels can load
+    as they are as 16-byte vectors: every stride but the last a multiple of 16 elements, and
+    16-byte aligned data (where there is an address: not while tracing).  Such a layout is
+    never fixed by a hidden copy: one the kernels cannot load raises, naming the tensor."""
+    for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if x is not None:
+            input_descale(x, name, d.batch, d.heads_k, q)
+    if d.head_dim % 16:
+        return
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        bad = [(dim, st) for dim, (n, st) in enumerate(zip(x.shape[:-1], x.stride()[:-1])) if n > 1 and st % 16]
+        if bad:
+            dim, st = bad[0]
+            raise ValueError(
+                f"{name} has stride {st} in dimension {dim} (shape {tuple(x.shape)}, strides {x.stride()}): the fp8 "
+                f"kernels need every stride but the last to be a multiple of 16 elements (16 bytes); make it "
+                f"contiguous, or allocate it so")
+        if type(x) is torch.Tensor and not torch.compiler.is_compiling() and x.data_ptr() % 16:
+            raise ValueError(f"{name}'s data is not 16-byte aligned (address {x.data_ptr():#x}): the fp8 kernels load "
+                             f"16-byte rows; pass a tensor whose storage offset is a multiple of 16 elements")

@@ -2,7 +2,8 @@
 
 Every function here is a thin wrapper over ``torch.ops.fmha.fwd`` (ops.py; eager calls take
 the same implementation without the dispatcher), which carries the autograd, so the packed
-variants' gradients flow back into the packed tensor.
+variants' gradients flow back into the packed tensor; float8_e4m3fn inputs go to
+``torch.ops.fmha.fwd_fp8`` instead (FlashAttention-3's fp8 forward, forward only).
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ Window = Sequence[int]  # (left, right); -1 = unbounded
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                deterministic, return_attn_probs, top_left=False, out=None, return_lse=False,
-               s_aux=None, learnable_sink=None):
+               s_aux=None, learnable_sink=None, descales=(None, None, None)):
+    """Every flash_attn function's call.  descales: (q, k, v)_descale, checked by the caller
+    (_input_descales); read for fp8 inputs (_attention_fp8), unused for the others."""
     q, k, v = (_checks.contiguous_last(x) for x in (q, k, v))
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks._tensor(x, name)
+    if _checks.is_fp8(q, k, v):
+        return _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                              dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                              return_attn_probs, top_left, out, return_lse, s_aux, learnable_sink, descales)
     left, right = _checks.window(window_size, causal)
     s_aux = _checks.sink(s_aux, learnable_sink, q)
     if out is not None:  # v's head dim, which may differ from q's (ops.attention)
@@ -42,15 +49,46 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
     return (out, lse, probs) if return_attn_probs else out
 
 
+def _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, top_left, out,
+                   return_lse, s_aux, learnable_sink, descales):
+    """_attention for float8_e4m3fn q, k, v: FlashAttention-3's fp8 forward (ops.attention_fp8),
+    bfloat16 out.  What it does not take raises here, naming the argument."""
+    if _checks._float(dropout_p, "dropout_p") != 0:
+        raise ValueError(f"dropout_p must be 0 with fp8 inputs (the fp8 forward has no dropout), got {dropout_p}")
+    for name, x in (("s_aux", s_aux), ("learnable_sink", learnable_sink)):
+        if x is not None:
+            raise ValueError(f"{name} (attention sinks) is not supported with fp8 inputs; pass bfloat16 or float16 "
+                             f"q, k, v for sinks")
+    if seqused_k is not None:
+        raise ValueError("seqused_k is not supported with fp8 inputs: give each sequence its own keys through "
+                         "cu_seqlens_k")
+    if v.dim() and k.dim() and v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"v must have k's head dim {k.shape[-1]} with fp8 inputs, got {v.shape[-1]} (a head dim of "
+                         f"its own for v needs bfloat16 or float16 inputs)")
+    left, right = _checks.window(window_size, causal)
+    if out is not None:
+        _checks.out_tensor(out, q.shape, q, (("q", q), ("k", k), ("v", v)), dtype=torch.bfloat16)
+    if softmax_scale is None:  # from the QK head dim; D == 0 is rejected by the op, with a message
+        softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    out, lse = _ops.attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  softmax_scale, softcap, left, right, top_left, alibi_slopes, *descales, out=out)
+    if return_lse:
+        return out, lse
+    return (out, lse, torch.empty(0, dtype=q.dtype, device=q.device)) if return_attn_probs else out
+
+
 def _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs, out=None, s_aux=None, learnable_sink=None):
+           deterministic, return_attn_probs, out=None, s_aux=None, learnable_sink=None,
+           descales=(None, None, None)):
     for name, x in (("q", q), ("k", k)):
         _checks._tensor(x, name)
         if x.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    _input_descales(q, k, q.shape[0], *descales)
     return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                      out=out, s_aux=s_aux, learnable_sink=learnable_sink)
+                      out=out, s_aux=s_aux, learnable_sink=learnable_sink, descales=descales)
 
 
 def _unpack(x, name: str, count: int, dim: int):
@@ -67,7 +105,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor,
                     window_size: Window = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                     deterministic: bool = False, return_attn_probs: bool = False, *,
                     out: Optional[Tensor] = None, s_aux: Optional[Tensor] = None,
-                    learnable_sink: Optional[Tensor] = None) -> AttnOutput:
+                    learnable_sink: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> AttnOutput:
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k,
     nheads_k, headdim); nheads a multiple of nheads_k (MQA/GQA).  v may have its own head
     dim headdim_v (1-256; k and v then differ in the last dimension only, as in DeepSeek's
@@ -99,9 +138,25 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor,
     softmax_lse is lse'.  A row that sees no key outputs 0 and its lse' is s_aux[h].
     Differentiable in s_aux.  On CPU tensors non-finite logits raise ValueError (on a GPU
     the values are not read, which would cost a device synchronization).
+
+    fp8 (FlashAttention-3's): q, k and v all torch.float8_e4m3fn run the fp8 forward of
+    CUDA sm_90 (Hopper) GPUs, with q_descale, k_descale, v_descale (keyword-only, float32 on
+    q's device: None for 1, one value of any shape, or (batch, nheads_k), per sequence and
+    KV head) as dequantization factors: scores are
+    softmax_scale * q_descale * k_descale * q.k, and the output is multiplied by v_descale.
+    out (and out=) is then bfloat16, softmax_lse is of those scores.  Causal, windows,
+    softcap, ALiBi and MQA/GQA as above, head dims 1-256; forward only (a backward through
+    the result raises), no dropout, no s_aux.  The kernels load 16-byte rows: with a head
+    dim that is a multiple of 16, every stride of q, k, v but the last must be a multiple of
+    16 elements and their data 16-byte aligned, or ValueError names the tensor (nothing is
+    copied behind your back); other head dims are zero-padded to a multiple of 16 (a copy of
+    q, k, v, as the 16-bit path pads to a multiple of 8).  An 8-bit float that is not e4m3,
+    or fp8 mixed with other dtypes, raises TypeError.  For other inputs the descales
+    are checked (dtype, shape, device) and unused, as FlashAttention-3 ignores them.
     """
     return _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs, out=out, s_aux=s_aux, learnable_sink=learnable_sink)
+                  deterministic, return_attn_probs, out=out, s_aux=s_aux, learnable_sink=learnable_sink,
+                  descales=(q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, 
@@ -164,9 +219,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     dimension, so every value, 0 included, computes what num_splits=1 does in FA3 (each
     row's keys reduced in one pass; see docs/api.md on batch invariance).
     q_descale, k_descale, v_descale (float32, a scalar or (batch, nheads_k), as vLLM passes
-    them on every call) are FlashAttention-3's dequantization factors of fp8 inputs; FA3
-    reads them only when the inputs are fp8, and fmha's varlen inputs are float16,
-    bfloat16 or float32, so they are checked (dtype, shape, device) and have no effect.
+    them on every call) are FlashAttention-3's dequantization factors of fp8 inputs: with
+    float8_e4m3fn q, k, v (CUDA sm_90) they scale the fp8 forward as in flash_attn_func,
+    and for float16, bfloat16 or float32 inputs they are checked (dtype, shape, device) and
+    have no effect, as in FA3.  The fp8 forward takes no block_table, seqused_k or dropout.
 
     v may have its own head dim, s_aux / learnable_sink are attention sinks: both as in
     flash_attn_func.  vLLM's keywords: fa_version (2 or 3) picks a FlashAttention
@@ -177,6 +233,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     not read.
     """
     if block_table is not None:
+        if isinstance(q, Tensor) and q.dtype in _checks._FLOAT8:
+            raise ValueError("block_table (a paged KV cache) is not supported with fp8 q: the fp8 forward reads "
+                             "contiguous k and v (cu_seqlens_k); paged fp8 caches take a float16 or bfloat16 q "
+                             "with k_descale/v_descale")
         _vllm_keywords(q, fa_version, scheduler_metadata)
         from .kvcache import paged_varlen
         return paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -196,28 +256,24 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, out=out, return_lse=return_softmax_lse,
-                      s_aux=s_aux, learnable_sink=learnable_sink)
+                      s_aux=s_aux, learnable_sink=learnable_sink, descales=(q_descale, k_descale, v_descale))
+
+
+def _input_descales(q, k, batch, q_descale, k_descale, v_descale) -> None:
+    """FlashAttention-3's q/k/v_descale (_checks.input_descale), for batch sequences: read
+    by the fp8 forward, and, as FA3 applies them to fp8 inputs only, unused for others."""
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
+            _checks.input_descale(x, name, batch, k.shape[-2] if k.dim() >= 2 else 0, q)
 
 
 def _varlen_descales(q, k, cu_seqlens_q, q_descale, k_descale, v_descale) -> None:
-    """FlashAttention-3's q/k/v_descale on the varlen function: checked, then unused, since
-    FA3 applies them to fp8 inputs only and these inputs are never fp8 (the op rejects an
-    fp8 q, k or v)."""
-    given = [(n, x) for n, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-             if x is not None]
-    if not given:
+    """_input_descales on the varlen function (and its paged call), batch from cu_seqlens_q."""
+    if q_descale is None and k_descale is None and v_descale is None:
         return
     for name, x in (("q", q), ("k", k), ("cu_seqlens_q", cu_seqlens_q)):
         _checks._tensor(x, name)
-    batch, heads_k = cu_seqlens_q.numel() - 1, k.shape[-2] if k.dim() >= 2 else 0
-    for name, x in given:
-        _checks._tensor(x, name)
-        if x.dtype != torch.float32:
-            raise TypeError(f"{name} must be torch.float32, got {x.dtype}")
-        if x.numel() != 1 and tuple(x.shape) != (batch, heads_k):
-            raise ValueError(f"{name} must be a scalar or have shape ({batch}, {heads_k}) (batch, nheads_k), got "
-                             f"{tuple(x.shape)}")
-        _checks._same_device(x, name, q)
+    _input_descales(q, k, cu_seqlens_q.numel() - 1, q_descale, k_descale, v_descale)
 
 
 def _vllm_keywords(q, fa_version, scheduler_metadata) -> None:

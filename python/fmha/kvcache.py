@@ -449,12 +449,8 @@ def _run(args, eager: bool, user_out: Optional[Tensor], name: str, s_aux: Option
     if s_aux is not None:  # forward only: the sink is applied to the result in place
         with torch.no_grad():
             out, lse = _ops.apply_sink(out, lse, s_aux, varlen=packed, in_place=True)
-    inputs = [x for x in args[:5] + (s_aux,) if x is not None]  # q, k_cache, v_cache, k, v, s_aux
-    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
-        if out is user_out:  # written in place: the caller's tensor carries the forward-only node
-            out = _ForwardOnlyInPlace.apply(out, name, *inputs)
-        else:
-            out = _ForwardOnly.apply(out, name, *inputs)
+    # q, k_cache, v_cache, k, v, s_aux; written in place, the caller's tensor carries the node
+    out = _ops.forward_only(out, _FORWARD_ONLY[name], args[:5] + (s_aux,), written_in_place=out is user_out)
     if user_out is not None and out is not user_out:  # traced: the op allocated its output
         user_out.copy_(out)
         out = user_out
@@ -497,37 +493,14 @@ def _descales(q, k_cache, k_scale, v_scale, q_descale, k_descale, v_descale, bat
             _checks.descale(v_descale, "v_descale", batch, heads_k, q))
 
 
-class _ForwardOnly(torch.autograd.Function):
-    """Ties the decode output to inputs that require grad, so that a backward through it
-    fails loudly (the kernels have no backward)."""
-
-    @staticmethod
-    def forward(ctx, out, name, *inputs):
-        ctx.name = name
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        if ctx.name == "flash_attn_varlen_func":
-            raise RuntimeError("flash_attn_varlen_func with block_table (a paged KV cache) is forward-only "
+_FORWARD_ONLY = {
+    "flash_attn_varlen_func": ("flash_attn_varlen_func with block_table (a paged KV cache) is forward-only "
                                "(inference): it has no gradient for q or the caches; train on contiguous k and v "
-                               "(no block_table), or call it under torch.no_grad()")
-        raise RuntimeError("flash_attn_with_kvcache is forward-only (inference): it has no gradient for q, k, v "
-                           "or the caches; use flash_attn_func or flash_attn_varlen_func for training, or call it "
-                           "under torch.no_grad()")
-
-
-class _ForwardOnlyInPlace(torch.autograd.Function):
-    """_ForwardOnly for an output written into the caller's tensor (out=): that tensor
-    itself gets the node whose backward raises."""
-
-    @staticmethod
-    def forward(ctx, out, name, *inputs):
-        ctx.name = name
-        ctx.mark_dirty(out)
-        return out
-
-    backward = staticmethod(_ForwardOnly.backward)
+                               "(no block_table), or call it under torch.no_grad()"),
+    "flash_attn_with_kvcache": ("flash_attn_with_kvcache is forward-only (inference): it has no gradient for q, k, v "
+                                "or the caches; use flash_attn_func or flash_attn_varlen_func for training, or call "
+                                "it under torch.no_grad()"),
+}
 
 
 def quantize_kv_cache(cache: Tensor, dtype: torch.dtype = torch.float8_e4m3fn,

@@ -1,8 +1,9 @@
 """The torch.library ops every public function goes through: ``torch.ops.fmha.fwd`` and
 ``torch.ops.fmha.bwd``, with fake implementations and registered autograd, so that
-torch.compile(fullgraph=True) traces forward and backward without a graph break.
+torch.compile(fullgraph=True) traces forward and backward without a graph break; and
+``torch.ops.fmha.fwd_fp8``, the fp8 (e4m3) forward of Hopper GPUs, forward only.
 
-Both fill a libfmha params struct (fmha/fmha.h) from the tensors and call the backend of
+Each fills a libfmha params struct (fmha/fmha.h) from the tensors and calls the backend of
 the tensors' device.
 """
 
@@ -45,13 +46,14 @@ def _problem(d: _checks.Dims, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scal
     seed = offset = 0
     if dropout_p > 0:
         seed, offset = (x & (2**64 - 1) for x in rng_state.tolist())
-    return _C.Problem(_DTYPES[dtype], d.batch, d.seqlen_q, d.seqlen_k, d.total_q, d.total_k, d.heads_q, d.heads_k,
-                      d.head_dim, ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), scale, softcap,
+    return _C.Problem(_KERNEL_DTYPES[dtype], d.batch, d.seqlen_q, d.seqlen_k, d.total_q, d.total_k, d.heads_q,
+                      d.heads_k, d.head_dim, ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), scale, softcap,
                       window_left, window_right, _TOP_LEFT if top_left else _BOTTOM_RIGHT, alibi,
                       alibi_batch_stride, dropout_p, seed, offset)
 
 
 _TOP_LEFT, _BOTTOM_RIGHT = _C.MaskAlign.top_left, _C.MaskAlign.bottom_right
+_KERNEL_DTYPES = {**_DTYPES, _checks.FP8: _C.DType.float8_e4m3}
 
 
 def _draw_rng_state() -> Tensor:
@@ -430,3 +432,172 @@ def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = N
         out.copy_(o)
         o = out
     return (o, lse) + tuple(result[2:])
+
+
+# --- Forward-only results: a node whose backward raises, for calls the kernels have no
+# backward for (fp8 inputs, KV caches). ---
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """Ties an output to inputs that require grad, so that a backward through it fails
+    loudly with `message` instead of silently dropping attention's share of the gradient."""
+
+    @staticmethod
+    def forward(ctx, out, message, *inputs):
+        ctx.message = message
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(ctx.message)
+
+
+class _ForwardOnlyInPlace(torch.autograd.Function):
+    """_ForwardOnly for an output written into the caller's tensor (out=): that tensor
+    itself gets the node whose backward raises."""
+
+    @staticmethod
+    def forward(ctx, out, message, *inputs):
+        ctx.message = message
+        ctx.mark_dirty(out)
+        return out
+
+    backward = staticmethod(_ForwardOnly.backward)
+
+
+def forward_only(out: Tensor, message: str, inputs, written_in_place: bool) -> Tensor:
+    """out, tied to whichever of `inputs` require grad (when grad mode is on) by a node
+    whose backward raises RuntimeError(message)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        inputs = [x for x in inputs if x is not None]
+        return (_ForwardOnlyInPlace if written_in_place else _ForwardOnly).apply(out, message, *inputs)
+    return out
+
+
+# --- The fp8 forward: float8_e4m3fn q, k, v with float32 dequantization factors, bfloat16
+# out, CUDA sm_90 only, no dropout and no backward. ---
+
+_FP8_BACKWARD = ("fp8 attention is forward-only: it has no gradient for q, k, v (FlashAttention-3's fp8 forward "
+                 "has none either); train with bfloat16 or float16 inputs, or call it under torch.no_grad()")
+
+
+def _fp8_dims(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap, window_left,
+              window_right, alibi_slopes, q_descale, k_descale, v_descale) -> _checks.Dims:
+    """fmha::fwd_fp8's argument checks (shapes and strides: also while tracing)."""
+    d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k, scale,
+                                 softcap, window_left, window_right, alibi_slopes, 0.0, fp8=True)
+    _checks.fp8_inputs(d, q, k, v, (q_descale, k_descale, v_descale))
+    _fp8_on_cuda(q.device)
+    return d
+
+
+def _fp8_on_cuda(device: torch.device) -> None:
+    """The part of fp8_device that needs no GPU (so it holds while tracing too)."""
+    if device.type != "cuda" or torch.version.hip:
+        where = f"{device} (a ROCm GPU)" if device.type == "cuda" else str(device)
+        raise ValueError(f"fp8 attention runs on CUDA GPUs with sm_90 (Hopper); q, k and v are on {where}")
+
+
+def fp8_device(device: torch.device) -> None:
+    """Refuses a device the fp8 forward does not run on: it needs sm_90 (Hopper) tensor
+    cores (FlashAttention-3's fp8 kernels have the same limit)."""
+    _fp8_on_cuda(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise ValueError(f"fp8 attention runs on CUDA GPUs with sm_90 (Hopper); q is on {device}, "
+                         f"{torch.cuda.get_device_name(device)}, of compute capability {major}.{minor}")
+
+
+def _descale_view(x: Optional[Tensor]) -> Optional[Tuple[int, int, int]]:
+    """libfmha's fmha_descale of a checked descale tensor: (data, batch_stride, head_stride);
+    one value (any shape of one element) has strides 0 and 0, and a (batch, nheads_k) tensor
+    is addressed through its own strides (expanded ones included), with no copy."""
+    if x is None:
+        return None
+    if x.numel() == 1:
+        return x.data_ptr(), 0, 0
+    return x.data_ptr(), x.stride(0), x.stride(1)
+
+
+def _fwd_fp8_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+                     window_left, window_right, top_left, alibi_slopes, q_descale, k_descale, v_descale, out=None):
+    """fmha::fwd_fp8 after its argument checks, which gave d.  A head dim that is not a
+    multiple of 16 is zero-padded to one (the kernels move 16-byte rows; zeros change no
+    dot product) and the output sliced back.  `out` (checked by the caller, bfloat16): the
+    kernel writes the result there when it can address it (16-byte aligned rows, no
+    padding), and otherwise into a buffer that is then copied there."""
+    device = q.device
+    fp8_device(device)
+    backend = fmha_device(device)
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = map(_contiguous_small, (cu_seqlens_q, cu_seqlens_k, alibi_slopes))
+    if cu_seqlens_q is not None and not capturing(device):
+        _checks.metadata_values(d, cu_seqlens_q, cu_seqlens_k, None)
+    head_dim = d.head_dim
+    if head_dim % 16:  # (padded as bytes: e4m3's zero is the byte 0)
+        width = -(-head_dim // 16) * 16
+        q, k, v = (F.pad(x.view(torch.uint8), (0, width - head_dim)).view(x.dtype) for x in (q, k, v))
+        d = dataclasses.replace(d, head_dim=width)
+    user_out = out
+    if out is None or d.head_dim != head_dim or not _vector_aligned(out):
+        out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
+    problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, None, scale, softcap, window_left, window_right,
+                       top_left, alibi_slopes, 0.0, None)
+    with _device_guard(device):
+        _C.fwd(backend, stream_handle(device), problem, view(q, d.varlen), view(k, d.varlen), view(v, d.varlen),
+               view(out, d.varlen), lse.data_ptr(), None,
+               q_descale=_descale_view(q_descale), k_descale=_descale_view(k_descale),
+               v_descale=_descale_view(v_descale),
+               alloc=functools.partial(torch.empty, dtype=torch.uint8, device=device))
+    if d.head_dim != head_dim:
+        out = out[..., :head_dim]
+    if user_out is not None and out is not user_out:
+        user_out.copy_(out)
+        out = user_out
+    return out, lse
+
+
+def _fwd_fp8_impl(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+    scale: float, softcap: float, window_left: int, window_right: int, top_left: bool,
+    alibi_slopes: Optional[Tensor],
+    q_descale: Optional[Tensor], k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """The fp8 forward: (out, lse), out bfloat16 like q's shape.  Scores are
+    scale * q_descale * k_descale * q.k and the output is multiplied by v_descale; each
+    descale is None (1), one float32 value, or (batch, nheads_k).  See docs/api.md."""
+    d = _fp8_dims(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap, window_left,
+                  window_right, alibi_slopes, q_descale, k_descale, v_descale)
+    return _fwd_fp8_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+                            window_left, window_right, top_left, alibi_slopes, q_descale, k_descale, v_descale)
+
+
+fwd_fp8 = torch.library.custom_op("fmha::fwd_fp8", mutates_args=())(_fwd_fp8_impl)
+
+
+@fwd_fp8.register_fake
+def _fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap, window_left,
+                  window_right, top_left, alibi_slopes, q_descale, k_descale, v_descale):
+    d = _fp8_dims(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap, window_left,
+                  window_right, alibi_slopes, q_descale, k_descale, v_descale)
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty(_lse_shape(d), dtype=torch.float32)
+
+
+def attention_fp8(*inputs, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """torch.ops.fmha.fwd_fp8's arguments and results (out, lse).  As in attention(), eager
+    calls on plain tensors skip the dispatcher and write `out` (checked by the caller,
+    bfloat16) in the kernel; traced calls go through the op and copy into `out`.  Forward
+    only: when an input requires grad, a backward through the output raises."""
+    q, k, v = inputs[:3]
+    tensors = [x for x in inputs if isinstance(x, Tensor)] + ([out] if out is not None else [])
+    eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+             and all(type(x) is Tensor for x in tensors))
+    if eager:
+        o, lse = _fwd_fp8_checked(_fp8_dims(*inputs[:11], *inputs[12:]), *inputs, out=out)
+    else:
+        o, lse = torch.ops.fmha.fwd_fp8(*inputs)
+        if out is not None:
+            out.copy_(o)
+            o = out
+    return forward_only(o, _FP8_BACKWARD, (q, k, v), written_in_place=o is out), lse

@@ -4,6 +4,7 @@
 #include <fmha/fmha.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -386,6 +387,31 @@ void test_errors() {
   });
   static const int32_t used[2] = {3, 9};
   expect_fwd_error("seqused_k[1]", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) { p.problem.seqused_k = used; });
+  // The fp8 forward: CUDA only, and without dropout, probs or seqused_k on any device.
+  expect_fwd_error("compute capability 9.0", FMHA_ERROR_NOT_SUPPORTED, [](fmha_fwd_params& p) {
+    p.problem.dtype = FMHA_DTYPE_FLOAT8_E4M3;
+  });
+  expect_fwd_error("no dropout", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.dtype = FMHA_DTYPE_FLOAT8_E4M3, p.device = FMHA_DEVICE_CUDA, p.problem.dropout_p = 0.1f;
+  });
+  expect_fwd_error("seqused_k", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.dtype = FMHA_DTYPE_FLOAT8_E4M3, p.device = FMHA_DEVICE_CUDA, p.problem.seqused_k = used;
+  });
+  expect_fwd_error("q_descale strides", FMHA_ERROR_INVALID_VALUE, [](fmha_fwd_params& p) {
+    p.problem.dtype = FMHA_DTYPE_FLOAT8_E4M3, p.device = FMHA_DEVICE_CUDA, p.q_descale.batch_stride = -1;
+  });
+  // A caller compiled before the fp8 fields existed passes the shorter struct: accepted.
+  expect_fwd_error("", FMHA_SUCCESS, [](fmha_fwd_params& p) {
+    p.struct_size = (uint32_t)offsetof(fmha_fwd_params, q_descale);
+  });
+  {
+    fmha_fwd_params p;
+    fmha_fwd_params_init(&p);
+    p.problem.batch = 1, p.problem.seqlen_q = p.problem.seqlen_k = 8, p.problem.num_heads_q = 1;
+    p.problem.num_heads_k = 1, p.problem.head_dim = 16, p.problem.scale = 1.f;
+    size_t bytes = 1;
+    EXPECT(fmha_fwd_workspace_size(&p, &bytes) == FMHA_SUCCESS && bytes == 0, "fp16 forward workspace %zu", bytes);
+  }
 #if !defined(FMHA_WITH_CUDA)
   fmha_capabilities caps{};
   caps.struct_size = sizeof(caps);

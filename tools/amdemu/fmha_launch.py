@@ -26,6 +26,10 @@ class Tensor(C.Structure):
                 ("head_stride", C.c_int64)]
 
 
+class Descale(C.Structure):  # fmha_descale (the fp8 forward's; never set here)
+    _fields_ = [("data", C.c_uint64), ("batch_stride", C.c_int64), ("head_stride", C.c_int64)]
+
+
 class Problem(C.Structure):
     _fields_ = [("dtype", C.c_int32), ("batch", C.c_int32), ("seqlen_q", C.c_int32), ("seqlen_k", C.c_int32),
                 ("total_q", C.c_int32), ("total_k", C.c_int32), ("num_heads_q", C.c_int32),
@@ -38,7 +42,9 @@ class Problem(C.Structure):
 
 class FwdParams(C.Structure):
     _fields_ = [("struct_size", C.c_uint32), ("device", C.c_int32), ("problem", Problem), ("q", Tensor),
-                ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", C.c_uint64), ("probs", Tensor)]
+                ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", C.c_uint64), ("probs", Tensor),
+                ("q_descale", Descale), ("k_descale", Descale), ("v_descale", Descale), ("workspace", C.c_uint64),
+                ("workspace_size", C.c_uint64)]
 
 
 class BwdParams(C.Structure):

@@ -130,6 +130,38 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[MT][NT / 2][4], const flo
     }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// Four floats as e4m3 bytes, a in the lowest (round to nearest, saturating to +-448).
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
+}
+
+// Accumulators (m16n8 layout, NT 8-column blocks) as e4m3 A fragments of k32 steps, each
+// value staying in its thread: register j of step k packs the values of blocks 4k + (j & 2)
+// and 4k + (j & 2) + 1 in row g + 8 (j & 1), so fragment column 4t + i (+16) holds
+// accumulator column 2t + (i & 1) + 8 (i >> 1) (+16); the B operand's k order must match
+// (fp8_key_of in fwd_sm90_kernel.h).
+template <int MT, int NT>
+__device__ __forceinline__ void acc_to_a8(uint32_t (&a)[MT][NT / 4][4], const float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int k = 0; k < NT / 4; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = 4 * k + (j & 2), e = 2 * (j & 1);
+        a[m][k][j] = pack4_e4m3(acc[m][n][e], acc[m][n][e + 1], acc[m][n + 1][e], acc[m][n + 1][e + 1]);
+      }
+}
+#endif
+
 // acc += A B: A in registers (MT x KT fragments), B from a tile stored [k][n] (ldsm_bt
 // pattern), k rows from b_row0, NT * 8 columns from n0.
 template <class TB, int MT, int KT, int NT, class T>

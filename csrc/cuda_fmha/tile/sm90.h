@@ -14,33 +14,42 @@
 namespace fmha {
 namespace cuda {
 
-// kRows x kCols 16-bit elements as kCols / kSlab column slabs of kRows x kSlab, each row of
-// a slab one swizzle span (128 bytes for kSlab = 64, 64 for kSlab = 32, which D = 96 needs):
-// the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B and a box of kSlab x kRows,
-// and the one wgmma's descriptors describe.  kSlab_ narrows the slabs of a tile whose
-// columns wgmma must address in 32-column halves (the backward's K at D = 64).  Within a slab, row r's 16-byte chunk c lies at
-// chunk c ^ swizzle(r), the same function as SmemTile's (smem.h), so eight consecutive rows
-// of one chunk column fall in eight different bank groups.
-template <int kRows, int kCols, int kSlab_ = (kCols % 64 == 0 ? 64 : 32)>
+// kRows x kCols elements of kElemBytes (2, or 1 for fp8) as kCols / kSlab column slabs of
+// kRows x kSlab, each row of a slab one swizzle span (128 bytes, or 64 for the narrow slabs
+// D = 96 needs, and fp8 at D = 64): the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B /
+// _64B and a box of kSlab x kRows, and the one wgmma's descriptors describe.  kSlab_
+// narrows the slabs of a tile whose columns wgmma must address in 32-column halves (the
+// backward's K at D = 64).  Within a slab, row r's 16-byte chunk c lies at chunk
+// c ^ swizzle(r), the same function as SmemTile's (smem.h), so eight consecutive rows of one
+// chunk column fall in eight different bank groups.
+template <int kRows, int kCols, int kSlab_ = (kCols % 64 == 0 ? 64 : 32), int kElemBytes_ = 2>
 struct Sm90Tile {
-  static_assert(kCols % kSlab_ == 0 && (kSlab_ == 32 || kSlab_ == 64) && kRows % 8 == 0, "tile shape");
+  static constexpr int kElemBytes = kElemBytes_;
   static constexpr int kSlab = kSlab_;  // elements per slab row
   static constexpr int kSlabs = kCols / kSlab;
-  static constexpr int kSpan = kSlab * 2;                  // bytes per slab row: the swizzle span
+  static constexpr int kSpan = kSlab * kElemBytes;  // bytes per slab row: the swizzle span
+  static constexpr int kChunk = 16 / kElemBytes;    // elements per 16-byte chunk
+  static_assert(kCols % kSlab == 0 && (kSpan == 64 || kSpan == 128) && kRows % 8 == 0, "tile shape");
   static constexpr int kSlabBytes = kRows * kSpan;
   static constexpr int kBytes = kSlabs * kSlabBytes;
+  static constexpr int kSlabElems = kSlabBytes / kElemBytes, kElems = kBytes / kElemBytes;
   static constexpr int kRowsC = kRows, kColsC = kCols;
   // The descriptor's layout type (2 bits at 62): 1 = 128-byte swizzle, 2 = 64-byte.
-  static constexpr uint64_t kLayoutType = kSlab == 64 ? 1 : 2;
+  static constexpr uint64_t kLayoutType = kSpan == 128 ? 1 : 2;
   // Slabs must start on the swizzle pattern's period (8 rows).
   static constexpr int kAlign = 8 * kSpan;
 
-  __device__ __forceinline__ static unsigned swizzle(unsigned r) { return kSlab == 64 ? r % 8 : (r / 2) % 4; }
+  __device__ __forceinline__ static unsigned swizzle(unsigned r) { return kSpan == 128 ? r % 8 : (r / 2) % 4; }
   // Element offset of (r, c).
   __device__ __forceinline__ static unsigned offset(unsigned r, unsigned c) {
-    return (c / kSlab) * (kSlabBytes / 2) + r * kSlab + ((((c % kSlab) / 8) ^ swizzle(r)) * 8) + c % 8;
+    return (c / kSlab) * kSlabElems + r * kSlab + ((((c % kSlab) / kChunk) ^ swizzle(r)) * kChunk) + c % kChunk;
   }
 };
+
+// The same layout for fp8 (one byte per element): 128-element slabs, 64 where the columns
+// are not a multiple of 128 (D = 64).
+template <int kRows, int kCols>
+using Sm90Tile8 = Sm90Tile<kRows, kCols, (kCols % 128 == 0 ? 128 : 64), 1>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -53,17 +62,17 @@ __device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lead_
 }
 
 // An operand stored K-major in a Sm90Tile (rows = M or N, columns = K), e.g. Q and K for
-// S = Q K^T.  A wgmma reads 8-row groups SBO = 8 spans apart; its 16 k-columns are one
-// 32-byte step inside a swizzled row (LBO unused).  k_desc(kk) is the descriptor of k-columns
-// [16 kk, 16 kk + 16) starting at row `row0` (a multiple of 8).
+// S = Q K^T.  A wgmma reads 8-row groups SBO = 8 spans apart; its k-columns (16 of 16 bits,
+// 32 of 8) are one 32-byte step inside a swizzled row (LBO unused).  k_desc(kk) is the
+// descriptor of the kk-th such step starting at row `row0` (a multiple of 8).
 template <class Tile>
 struct KMajorDesc {
   uint64_t base;
   __device__ __forceinline__ KMajorDesc(const void* tile, int row0)
       : base(make_smem_desc(smem_addr(tile) + row0 * Tile::kSpan, 16, 8 * Tile::kSpan, Tile::kLayoutType)) {}
   __device__ __forceinline__ uint64_t k_desc(int kk) const {
-    const int col = kk * 16;
-    return base + (uint64_t)(((col / Tile::kSlab) * Tile::kSlabBytes + (col % Tile::kSlab) * 2) >> 4);
+    const int byte = kk * 32;
+    return base + (uint64_t)(((byte / Tile::kSpan) * Tile::kSlabBytes + byte % Tile::kSpan) >> 4);
   }
 };
 

@@ -29,7 +29,8 @@
  *    (seed, offset, b, h, i, j) built on Philox4x32-10 (docs/dropout.md), identical on
  *    every backend.
  *  - The library never synchronizes a stream and never allocates device memory: the
- *    backward pass asks for its workspace with fmha_bwd_workspace_size().
+ *    backward pass asks for its workspace with fmha_bwd_workspace_size(), the fp8 forward
+ *    with fmha_fwd_workspace_size().
  *  - GPU launches go to the calling thread's current device; the stream must belong to it.
  *    Metadata in device memory (cu_seqlens, seqused_k, block tables) is not read on the host: GPU kernels
  *    clamp every length to the tensor bounds they were given instead.  The CPU backend
@@ -74,7 +75,8 @@ typedef enum fmha_dtype {
   FMHA_DTYPE_FLOAT32 = 0,
   FMHA_DTYPE_FLOAT16 = 1,
   FMHA_DTYPE_BFLOAT16 = 2,
-  FMHA_DTYPE_FLOAT8_E4M3 = 3, /* KV caches only (fmha_decode_params.cache_dtype) */
+  FMHA_DTYPE_FLOAT8_E4M3 = 3, /* KV caches (fmha_decode_params.cache_dtype), and q, k, v of
+                               * the fp8 forward (fmha_fwd_params, CUDA sm_90 only) */
   FMHA_DTYPE_INT8 = 4         /* KV caches only */
 } fmha_dtype;
 
@@ -103,6 +105,16 @@ typedef struct fmha_tensor {
   int64_t row_stride;
   int64_t head_stride;
 } fmha_tensor;
+
+/* The dequantization factors of an fp8 input (fmha_fwd_params.q_descale, ...): element
+ * values are stored * data[b * batch_stride + hk * head_stride], hk the KV head (query head
+ * h has hk = h / (Hq / Hk), FlashAttention-3's (batch, nheads_k) factors); strides 0 and 0
+ * give one factor for the whole tensor, and data NULL means 1. */
+typedef struct fmha_descale {
+  const float* data;
+  int64_t batch_stride;
+  int64_t head_stride;
+} fmha_descale;
 
 /* What is computed: shapes, masking and score options shared by forward and backward. */
 typedef struct fmha_problem {
@@ -148,6 +160,16 @@ typedef struct fmha_fwd_params {
    * through batch/head/row strides, with dropped entries negated.  Rows and columns past a
    * sequence's own lengths are written as 0. */
   fmha_tensor probs;
+
+  /* The fp8 forward (FlashAttention-3's): problem.dtype FMHA_DTYPE_FLOAT8_E4M3 means q, k
+   * and v hold e4m3 values and out is bfloat16 (strides in its own elements).  Scores are
+   * scale * q_descale * k_descale * q.k and the output is multiplied by v_descale; lse is of
+   * those scores.  CUDA on sm_90 only; no dropout, probs or seqused_k; q, k and v 16-byte
+   * aligned with strides that are multiples of 16.  The workspace (v transposed for the
+   * tensor cores) is fmha_fwd_workspace_size() bytes, 0 for every other dtype. */
+  fmha_descale q_descale, k_descale, v_descale;
+  void* workspace;
+  size_t workspace_size;
 } fmha_fwd_params;
 
 typedef struct fmha_bwd_params {
@@ -259,6 +281,9 @@ typedef struct fmha_capabilities {
 FMHA_API void fmha_fwd_params_init(fmha_fwd_params* params);
 FMHA_API void fmha_bwd_params_init(fmha_bwd_params* params);
 FMHA_API void fmha_decode_params_init(fmha_decode_params* params);
+
+/* Bytes of device workspace fmha_fwd needs for these params (0 unless fp8). */
+FMHA_API fmha_status fmha_fwd_workspace_size(const fmha_fwd_params* params, size_t* bytes);
 
 /* out = softmax(scores) . v, and lse.  Asynchronous on GPU streams. */
 FMHA_API fmha_status fmha_fwd(const fmha_fwd_params* params, void* stream);

@@ -21,7 +21,7 @@ import torch
 
 import fmha
 
-from . import context_parallel, decode, memory, model, paged_prefill, report, timing
+from . import context_parallel, decode, fp8, memory, model, paged_prefill, report, timing
 from .peers import Case, peers
 
 _OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryError since 2.5
@@ -130,7 +130,8 @@ def main(argv=None) -> int:
                          "transformers model, attention by fmha and by transformers' others; needs transformers), "
                          "context_parallel (zigzag ring attention over the visible GPUs, simulated on one), "
                          "paged_prefill (chunked prefill over a paged cache against the same work on contiguous "
-                         "varlen tensors)")
+                         "varlen tensors), fp8 (the fp8 e4m3 forward against fmha's and cuDNN's bf16 forwards; sm_90 "
+                         "only)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
@@ -302,6 +303,19 @@ def main(argv=None) -> int:
                 return 1
             results.append(row)
 
+    if "fp8" in suites:
+        why = fp8.available(device)
+        if why is not None:
+            meta["notes"].append(f"fp8 suite skipped: {why}")
+            print(f"note: fp8 suite skipped: {why}", file=sys.stderr)
+        else:
+            try:
+                results += fp8.run(device, args.quick, budget)
+            except RuntimeError as e:  # a failed check: no timings
+                print(f"fp8 suite: {e}; no timings printed", file=sys.stderr)
+                return 1
+            _checkpoint(args.out, meta, results)
+
     note = _ceiling_note(meta, results)
     if note:
         meta["notes"].append(note)
@@ -313,7 +327,7 @@ def main(argv=None) -> int:
         os.remove(partial)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(payload, f, indent=1)
-    table = report.markdown(payload) + context_parallel.markdown(payload)
+    table = report.markdown(payload) + context_parallel.markdown(payload) + fp8.markdown(payload)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
     print(report.terminal(payload))
@@ -322,6 +336,7 @@ def main(argv=None) -> int:
     print(report.memory_terminal(payload))
     print(report.model_terminal(payload))
     print(context_parallel.terminal(payload))
+    print(fp8.terminal(payload))
     written = ["results.json", "results.md"]
     try:
         from . import plots
