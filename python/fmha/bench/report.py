@@ -35,10 +35,10 @@ def markdown(payload) -> str:
         "warm-up; forward+backward FLOPs count 3.5x the forward.",
         "",
         *[f"Note: {n}\n" for n in m.get("notes", [])],
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if rows:  # the training table (absent when only other suites ran)
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     dh, drows = _decode_rows(payload)
     if drows:
         lines += ["", f"## Decode: K/V read bandwidth, GB/s (device copy: {m['copy_gbps']:.0f} GB/s)", "",

@@ -1,0 +1,17 @@
+# Small fp8 calls for compute-sanitizer: fixed length (D 64/128/256, causal, softcap), and varlen
+# with an empty sequence and GQA.
+import torch, fmha
+from fmha.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+F8 = torch.float8_e4m3fn
+dev = "cuda"
+for d in (64, 128, 256):
+    q, k, v = (torch.randn(2, 200, 4, d, device=dev).to(F8) for _ in range(3))
+    ds = torch.rand(2, 4, device=dev) + 0.5
+    flash_attn_func(q, k, v, causal=True, q_descale=ds, k_descale=ds, v_descale=ds)
+    flash_attn_func(q, k, v, softcap=5.0, window_size=(50, 10))
+cu = torch.tensor([0, 70, 70, 333], device=dev, dtype=torch.int32)
+q = torch.randn(333, 8, 128, device=dev).to(F8)
+k, v = (torch.randn(333, 2, 128, device=dev).to(F8) for _ in range(2))
+flash_attn_varlen_func(q, k, v, cu, cu, 263, 263, causal=True)
+torch.cuda.synchronize()
+print("ok")
