@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import fmha
 
-from . import timing
+from . import report, timing
 from .peers import Case
 
 FP8 = torch.float8_e4m3fn
@@ -153,11 +153,7 @@ def _rows(payload):
     rows_in = [r for r in payload["results"] if r["suite"] == "fp8"]
     if not rows_in:
         return [], []
-    names = []
-    for r in rows_in:
-        for n in list(r["ms"]) + list(r["skipped"]):
-            if n not in names:
-                names.append(n)
+    names = report.peer_names(rows_in, "ms")
     others = [n for n in names if n != "fmha-fp8"]
     header = ["shape"] + [f"{n} TFLOP/s" for n in names] + [f"fp8 vs {n}" for n in others]
     rows = []

@@ -103,15 +103,21 @@ def model_terminal(payload) -> str:
     return _table(header, rows) if rows else ""
 
 
+def peer_names(rows_in, key: str) -> list:
+    """The peers of a suite's rows, timed (row[key]) or skipped, in order of first appearance."""
+    names = []
+    for r in rows_in:
+        for n in list(r[key]) + list(r["skipped"]):
+            if n not in names:
+                names.append(n)
+    return names
+
+
 def _decode_rows(payload):
     rows_in = [r for r in payload["results"] if r["suite"] == "decode"]
     if not rows_in:
         return [], []
-    names = []
-    for r in rows_in:
-        for n in list(r["gbps"]) + list(r["skipped"]):
-            if n not in names:
-                names.append(n)
+    names = peer_names(rows_in, "gbps")
     copy = payload["meta"]["copy_gbps"]
     others = [n for n in names if not n.startswith("fmha")]
     header = ["shape"] + [f"{n} GB/s" for n in names] + ["fmha / copy"] + [f"fmha vs {n}" for n in others]
@@ -130,11 +136,7 @@ def _paged_prefill_rows(payload):
     rows_in = [r for r in payload["results"] if r["suite"] == "paged_prefill"]
     if not rows_in:
         return [], []
-    names = []
-    for r in rows_in:
-        for n in list(r["ms"]) + list(r["skipped"]):
-            if n not in names:
-                names.append(n)
+    names = peer_names(rows_in, "ms")
     header = ["shape"] + [f"{n} ms" for n in names] + [f"{n} TFLOP/s" for n in names] + ["paged / contiguous"]
     rows = []
     for r in rows_in:
