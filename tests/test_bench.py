@@ -6,6 +6,8 @@ import json
 import pathlib
 import re
 
+import pytest
+
 import fmha
 from fmha.bench import __main__ as bench
 
@@ -104,6 +106,19 @@ def test_context_parallel_suite_cpu(tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert "Context parallel" in md and "simulated on one device" in md
     assert "simulated on one device" in capsys.readouterr().out
+
+
+def test_context_parallel_seqlens(tmp_path):
+    # --seqlens picks the context-parallel suite's total lengths, and a length the zigzag
+    # chunks (2W of them) do not divide is refused with the rule, not run.
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--suites", "context_parallel", "--modes", "fwd", "--budget", "0.01",
+                     "--seqlens", "128", "--out", str(out)])
+    assert rc == 0
+    payload = json.loads((out / "results.json").read_text())
+    assert [r["case"].split()[0] for r in payload["results"] if r["suite"] == "context_parallel"] == ["S=128"]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        bench.main(["--device", "cpu", "--suites", "context_parallel", "--seqlens", "130", "--out", str(out)])
 
 
 def test_paged_prefill_suite_cpu(tmp_path, capsys):

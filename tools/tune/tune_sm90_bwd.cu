@@ -51,7 +51,7 @@ void run(const TrainShape& s, Buffers& buf) {
   p.lse = buf.lse;
   using Bwd = BwdSm90Config<T, D, false>;
   const float bwd_ms = time_ms([&] {
-    if (!run_bwd_sm90<Bwd>(p, buf.dq_accum, buf.delta, nullptr, 1, 0)) std::printf("tensor maps refused\n"), std::exit(1);
+    if (!run_bwd_sm90<Bwd>(p, buf.dq_accum, buf.delta, nullptr, 1, nullptr, 0, 0)) std::printf("tensor maps refused\n"), std::exit(1);
   }, 20);
   const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
   std::printf("S=%-6d D=%-3d %s fwd %7.3f ms %6.1f TFLOP/s  bwd %7.3f ms %6.1f TFLOP/s\n", s.S, s.D,

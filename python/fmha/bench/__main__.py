@@ -133,7 +133,9 @@ def main(argv=None) -> int:
                          "varlen tensors), fp8 (the fp8 e4m3 forward against fmha's and cuDNN's bf16 forwards; sm_90 "
                          "only)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
-    ap.add_argument("--seqlens", default=None, help="comma-separated: only these training sequence lengths")
+    ap.add_argument("--seqlens", default=None,
+                    help="comma-separated: only these sequence lengths (training; context_parallel: total tokens, "
+                         "any length the ranks divide, whether or not the suite's default)")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
     ap.add_argument("--out", default="bench-results",
                     help="folder for the JSON, Markdown and PNG results (bench-results/ is git-ignored)")
@@ -296,7 +298,8 @@ def main(argv=None) -> int:
 
     if "context_parallel" in suites:
         tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
-        for row in context_parallel.run(device, args.quick, dtype, modes, budget):
+        cp_seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
+        for row in context_parallel.run(device, args.quick, dtype, modes, budget, seqlens=cp_seqlens):
             if not row["rel_err"] < tol:
                 print(f"context_parallel, {row['case']}: the ring's output differs from fmha's by {row['rel_err']:.2e}; "
                       f"no timings printed", file=sys.stderr)

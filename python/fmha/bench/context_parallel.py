@@ -56,14 +56,24 @@ class CPCase:
         return f / 2 if self.causal else f
 
 
-def cases(device: torch.device, quick: bool, dtype: torch.dtype, world: Optional[int] = None) -> List[CPCase]:
+def cases(device: torch.device, quick: bool, dtype: torch.dtype, world: Optional[int] = None,
+          seqlens: Optional[List[int]] = None) -> List[CPCase]:
     """D = 128, causal, S from 32k to 1M tokens in total (32k and 128k with --quick) on a
-    GPU, over every visible GPU (8 simulated ranks with one); tiny shapes on the CPU."""
+    GPU, over every visible GPU (8 simulated ranks with one); tiny shapes on the CPU.
+    `seqlens` (--seqlens) replaces the default lengths; zigzag needs each a multiple of 2W."""
     if device.type == "cuda":
         w = world or (torch.cuda.device_count() if torch.cuda.device_count() >= 2 else 8)
-        seqlens = (32768, 131072) if quick else (32768, 65536, 131072, 262144, 524288, 1048576)
-        return [CPCase(s, w, 8, 128, dtype) for s in seqlens]
-    return [CPCase(s, world or 2, 2, 32, dtype) for s in ((256,) if quick else (256, 512))]
+        default = (32768, 131072) if quick else (32768, 65536, 131072, 262144, 524288, 1048576)
+        heads, head_dim = 8, 128
+    else:
+        w = world or 2
+        default = (256,) if quick else (256, 512)
+        heads, head_dim = 2, 32
+    for s in seqlens or ():
+        if s <= 0 or s % (2 * w):
+            raise ValueError(f"--seqlens: the context-parallel suite splits each sequence into {2 * w} equal zigzag "
+                             f"chunks ({w} ranks), so every length must be a positive multiple of {2 * w}; got {s}")
+    return [CPCase(s, w, heads, head_dim, dtype) for s in (seqlens or default)]
 
 
 # --- simulated transports (one device) ----------------------------------------------------
@@ -273,9 +283,9 @@ def _multi_gpu(case_list: List[CPCase], modes, budget) -> List[dict]:
 
 
 def run(device: torch.device, quick: bool, dtype: torch.dtype, modes, budget: float,
-        world: Optional[int] = None) -> List[dict]:
+        world: Optional[int] = None, seqlens: Optional[List[int]] = None) -> List[dict]:
     """Every case's rows (see the module's docstring)."""
-    case_list = cases(device, quick, dtype, world)
+    case_list = cases(device, quick, dtype, world, seqlens)
     if device.type == "cuda" and torch.cuda.device_count() >= 2 and case_list[0].world >= 2:
         return _multi_gpu(case_list, modes, budget)
     rows = []
