@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     ap.add_argument("--seqlens", default=None,
                     help="comma-separated: only these sequence lengths (training; context_parallel: total tokens, "
-                         "any length the ranks divide, whether or not the suite's default)")
+                         "each a multiple of twice the rank count, in place of the suite's defaults)")
     ap.add_argument("--head-dims", default=None, help="comma-separated: only these training head dims")
     ap.add_argument("--out", default="bench-results",
                     help="folder for the JSON, Markdown and PNG results (bench-results/ is git-ignored)")
