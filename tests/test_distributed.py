@@ -234,13 +234,27 @@ def _mesh(ulysses: int, ring: int):
     return _MESHES[(ulysses, ring)]
 
 
+def _cp_unshard():
+    """torch's context_parallel_unshard: public in some releases, only in the private module in
+    others (2.13 keeps it in experimental._context_parallel, earlier ones in _attention)."""
+    import importlib
+
+    for mod in ("torch.distributed.tensor.experimental", "torch.distributed.tensor.experimental._context_parallel",
+                "torch.distributed.tensor.experimental._attention"):
+        try:
+            return getattr(importlib.import_module(mod), "context_parallel_unshard")
+        except (ImportError, AttributeError):
+            pass
+    return None
+
+
 def _torch_cp(rank, world, device):
     """torch's own context parallel API (torch.distributed.tensor.experimental.context_parallel)
     with fmha active as SDPA's flash implementation: out and gradients against fmha on the
     whole sequence.  CUDA only: on the CPU torch's CP has no rule for SDPA's CPU op."""
     import fmha
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel, context_parallel_unshard
+    from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     errors = []
@@ -259,7 +273,7 @@ def _torch_cp(rank, world, device):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 out = torch.nn.functional.scaled_dot_product_attention(cq, ck, cv, is_causal=True)
             out.backward(cdo)
-        got = context_parallel_unshard(mesh, [out, cq.grad, ck.grad, cv.grad], [2, 2, 2, 2])
+        got = _cp_unshard()(mesh, [out, cq.grad, ck.grad, cv.grad], [2, 2, 2, 2])
         for n, g, w in zip(("out", "dq", "dk", "dv"), got, [ref] + [x.grad for x in full]):
             _close(n, g, w, torch.bfloat16, errors)
     finally:
@@ -403,11 +417,8 @@ _CUDA = torch.cuda.is_available()
 def test_cuda_nccl(world, name):
     if world > torch.cuda.device_count():
         pytest.skip(f"needs {world} GPUs")
-    if name == "torch_cp":
-        try:
-            from torch.distributed.tensor.experimental import context_parallel_unshard  # noqa: F401
-        except ImportError:
-            pytest.skip(f"torch {torch.__version__} has no context_parallel_unshard to gather the shards with")
+    if name == "torch_cp" and _cp_unshard() is None:
+        pytest.skip(f"torch {torch.__version__} has no context_parallel_unshard to gather the shards with")
     _check(world, "cuda", name)
 
 
