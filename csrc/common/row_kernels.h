@@ -252,7 +252,7 @@ FMHA_DEVICE void row_bwd_delta(const fmha_bwd_params& p, float* delta, const Row
 // backends check it), so these move 8 elements per access, a row's chunks spread over a
 // power-of-two group of lanes.  (Warp-per-row bodies moving 2-byte elements, four rows per
 // CTA, took 118-151 us per backward at 16k tokens x 2048, D = 64, on an H200 against
-// about 35 for the bytes: benchmarks/results/2026-12-02-h200-bwd-aux.)
+// about 35 for the bytes: `git show 41107b8:benchmarks/results/2026-12-02-h200-bwd-aux/kernels_before.txt`.)
 
 constexpr int kChunkThreads = 256, kChunkRows = 64;  // chunk_bwd_delta: threads and query rows per CTA
 
