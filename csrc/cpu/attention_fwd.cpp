@@ -3,6 +3,7 @@
 // csrc/common/softmax.h (FlashAttention, Algorithm 1), fp32 throughout; the tile kernels
 // are in tiles.inc (vectorized, one build per instruction set, see isa.h).
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "../common/backend.h"
@@ -101,6 +102,10 @@ void fwd(const fmha_fwd_params& p) {
       }
       vrows = key_rows_f32(pr, hd.seq, p.v, hd.hk, kb, ke, ThreadScratch::kItemValues);
     }
+#if FMHA_CPU_X86_SECTIONS
+    std::optional<avx512::AmxTiles> tiles;  // for fwd_block_amx, once per item
+    if (amx) tiles.emplace();
+#endif
     for (int32_t rb = rb0; rb < rb1; ++rb) {
       const int32_t i0 = rb * block;
       const int32_t i1 = std::min<int32_t>(i0 + block, pr.seqlen_q);

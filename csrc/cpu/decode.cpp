@@ -4,6 +4,7 @@
 // cache through csrc/common/ (kv_cache.h for paging, quant.h, rotary.h, mask geometry) and
 // the same online-softmax row as the forward.
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "../common/backend.h"
@@ -141,6 +142,8 @@ void decode(const fmha_decode_params& p) {
     int64_t ks = D, vs = D;
 #if FMHA_CPU_X86_SECTIONS
     avx512::AmxKeys packed;
+    std::optional<avx512::AmxTiles> tiles;  // for fwd_block_amx, once per item
+    if (amx) tiles.emplace();
     if (amx) {  // rows before k0 are never read: any row will do there
       const uint16_t* kc = static_cast<const uint16_t*>(p.k_cache.data);
       const uint16_t* vc = static_cast<const uint16_t*>(p.v_cache.data);
