@@ -273,7 +273,10 @@ def _torch_cp(rank, world, device):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 out = torch.nn.functional.scaled_dot_product_attention(cq, ck, cv, is_causal=True)
             out.backward(cdo)
-        got = _cp_unshard()(mesh, [out, cq.grad, ck.grad, cv.grad], [2, 2, 2, 2])
+            got = [out, cq.grad, ck.grad, cv.grad]
+            for x in (cq, ck, cv):  # leaving the context resizes the buffers back, which a leaf
+                x.requires_grad_(False)  # that requires grad refuses
+        got = _cp_unshard()(mesh, got, [2, 2, 2, 2])
         for n, g, w in zip(("out", "dq", "dk", "dv"), got, [ref] + [x.grad for x in full]):
             _close(n, g, w, torch.bfloat16, errors)
     finally:

@@ -80,9 +80,13 @@ struct BwdSm90Traits {
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
   using TileDS = Sm90Tile<kBlockN, kBlockM>;             // dS^T (and with kSplitD P^T), keys in rows
   static_assert(TileK::kBytes == TileV::kBytes, "one transaction count for K and V");
-  // Registers per thread after setmaxnreg: what the producer gives up (168 - 24 per thread,
-  // launched at 65536 / 384 rounded down to 168) is all the consumers can take (240 - 168).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Registers per thread after setmaxnreg, launched at 168 (65536 / 384 rounded down to 8):
+  // what the producer gives up, (168 - 40) x 128, is what the consumers take, (232 - 168) x
+  // 256.  At 24 / 240 the producer's warps spilled (17-74 local loads and stores in the
+  // LSE and dQ loops) and the backward ran 1-7% slower at D = 64 and 5-20% at D = 256;
+  // D = 128 is level either way (the consumers use no local memory at 232 but 4 bytes at
+  // D = 256; tools/tune/tune_sm90_bwd.cu on an H200, docs/tuning.md).
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | P^T (two, kSplitD) |
   // dQ (fp32) | LSE, D rings | mbarriers.  Tiles start on 1024-byte lines (the 128-byte
   // swizzle's period).
