@@ -82,11 +82,13 @@ struct BwdSm90Traits {
   static_assert(TileK::kBytes == TileV::kBytes, "one transaction count for K and V");
   // Registers per thread after setmaxnreg, launched at 168 (65536 / 384 rounded down to 8):
   // what the producer gives up, (168 - 40) x 128, is what the consumers take, (232 - 168) x
-  // 256.  At 24 / 240 the producer's warps spilled (17-74 local loads and stores in the
-  // LSE and dQ loops) and the backward ran 1-7% slower at D = 64 and 5-20% at D = 256;
-  // D = 128 is level either way (the consumers use no local memory at 232 but 4 bytes at
-  // D = 256; tools/tune/tune_sm90_bwd.cu on an H200, docs/tuning.md).
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // 256.  At 24 / 240 the producer's warps spilled (17-74 local loads and stores in the LSE
+  // and dQ loops) and the backward ran 1-7% slower at D = 64 and 5-20% at D = 256, D = 128
+  // level (tools/tune/tune_sm90_bwd.cu on an H200, docs/tuning.md).  D = 128 with a score
+  // mod keeps 24 / 240: its consumers, which hold the tanh for the gradient, would spill 63
+  // local accesses at 232 against 27.
+  static constexpr bool kConsumers240 = kHeadDim == 128 && kScoreMod;
+  static constexpr int kProducerRegs = kConsumers240 ? 24 : 40, kConsumerRegs = kConsumers240 ? 240 : 232;
   // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | P^T (two, kSplitD) |
   // dQ (fp32) | LSE, D rings | mbarriers.  Tiles start on 1024-byte lines (the 128-byte
   // swizzle's period).
