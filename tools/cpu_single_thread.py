@@ -1,3 +1,12 @@
+"""fmha against torch's CPU flash attention, calls alternating in one process (the fair
+comparison on a machine whose cores change speed between windows), minimum of 20 calls each.
+
+    FMHA_NUM_THREADS=1 python tools/cpu_single_thread.py bfloat16,float32 f,fb [128,1024]
+
+argv: dtypes; modes (f = forward, fb = forward + backward); optionally the sequence lengths
+of the benchmark's CPU shapes to keep.  FMHA_NUM_THREADS=1 also sets torch to one thread.
+Prints torch's and fmha's times in ms and their ratio (above 1: fmha faster).
+"""
 import torch, time, sys, fmha
 from torch.nn.attention import sdpa_kernel, SDPBackend
 F=torch.nn.functional
