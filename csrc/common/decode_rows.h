@@ -200,7 +200,7 @@ FMHA_DEVICE void decode_fp32_row(const fmha_decode_params& p, const RowId& w, fl
   constexpr bool kQuant = !std::is_same_v<Elem, float>;
   const MaskGeometry geom = MaskGeometry::make(dq.len, seq.len_k, p.window_left, p.window_right, false);
   const ScoreParams sp = ScoreParams::make(p.scale, p.softcap);
-  const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)w.b * p.alibi_batch_stride + w.h] : 0.f;
+  const float slope = alibi_slope(p, w.b, w.h);
   float m = -INFINITY, l = 0.f;
   const int je = geom.key_end(w.i + 1);
   for (int j = geom.key_begin(w.i); j < je; ++j) {

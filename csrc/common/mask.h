@@ -80,4 +80,12 @@ struct MaskGeometry {
   }
 };
 
+// The ALiBi slope of sequence b's query head h, 0 without ALiBi; the bias is -slope times
+// alibi_distance.  P: fmha_problem or fmha_decode_params (slopes (Hq), batch stride 0, or
+// (B, Hq)).
+template <class P>
+FMHA_HOST_DEVICE float alibi_slope(const P& p, int b, int h) {
+  return p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f;
+}
+
 }  // namespace fmha

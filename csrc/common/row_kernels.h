@@ -113,7 +113,7 @@ struct RowHead {
         geom(sequence_mask(p, seq)),
         score(ScoreParams::make(p.scale, p.softcap)),
         drop(DropoutParams::make(p.dropout_p, p.seed, p.offset)),
-        slope(p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] : 0.f),
+        slope(alibi_slope(p, b, h)),
         bh((uint32_t)b * (uint32_t)p.num_heads_q + (uint32_t)h),
         hk(h / (p.num_heads_q / p.num_heads_k)) {}
   // Score of visible (i, j) from q.k; *capped gets it before ALiBi (softcap gradient).

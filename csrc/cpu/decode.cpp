@@ -180,7 +180,7 @@ void decode(const fmha_decode_params& p) {
     const int32_t step = pack_heads ? block : 1;  // heads per tile-kernel call
     for (int32_t hs = h_begin; hs < h_end; hs += step) {
       const int32_t nh = std::min(step, h_end - hs);
-      const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + hs] : 0.f;
+      const float slope = alibi_slope(p, b, hs);
       // The forward's tile kernel, so a decode row equals the same row of flash_attn_func
       // bit for bit.
       const TileHead th{geom, sp, slope, nullptr};

@@ -97,7 +97,7 @@ struct Head {
         score(ScoreParams::make(prob.scale, prob.softcap)),
         drop(DropoutParams::make(prob.dropout_p, prob.seed, prob.offset)),
         dropout(prob.dropout_p > 0.f),
-        slope(prob.alibi_slopes ? prob.alibi_slopes[(int64_t)b * prob.alibi_batch_stride + h_q] : 0.f),
+        slope(alibi_slope(prob, b, h_q)),
         bh((uint32_t)b * (uint32_t)prob.num_heads_q + (uint32_t)h_q),
         h(h_q),
         hk(h_q / (prob.num_heads_q / prob.num_heads_k)) {}

@@ -48,7 +48,7 @@ struct ScoreMod {
   __device__ __forceinline__ static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h,
                                                   float descale = 1.f) {
     if (!kMods) return make(p.scale * descale, 0.f, false, 0.f, geom);
-    const float slope = p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    const float slope = p.alibi_slopes ? alibi_slope(p, b, h) * kLog2e : 0.f;
     return make(p.scale * descale, p.softcap, slope != 0.f, slope, geom);
   }
 

@@ -50,7 +50,7 @@ struct ScoreMod {
     s.softcap = kMods && p.softcap > 0.f;
     s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
     s.softcap_out = p.softcap * kLog2e;
-    s.slope_log2 = kMods && p.alibi_slopes ? p.alibi_slopes[(int64_t)b * p.alibi_batch_stride + h] * kLog2e : 0.f;
+    s.slope_log2 = kMods && p.alibi_slopes ? alibi_slope(p, b, h) * kLog2e : 0.f;
     s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
     s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
     s.geom = geom;
