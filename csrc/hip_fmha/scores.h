@@ -50,6 +50,7 @@ struct ScoreMod {
     s.softcap = kMods && p.softcap > 0.f;
     s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
     s.softcap_out = p.softcap * kLog2e;
+    // The pointer tested here too, as in the CUDA ScoreMod: without it the ISA changed.
     s.slope_log2 = kMods && p.alibi_slopes ? alibi_slope(p, b, h) * kLog2e : 0.f;
     s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
     s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
