@@ -47,6 +47,7 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // slower); 80 at D = 256, what fits 227 KB (6-16% faster than 64 from S = 4k).
 template <int D>
 struct FwdSm90Tile { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = kN; };
+template <> struct FwdSm90Tile<64> { static constexpr int kM = 192, kN = 128, kStages = 2, kNLong = kN; };
 template <> struct FwdSm90Tile<128> { static constexpr int kM = 128, kN = 128, kStages = 2, kNLong = 176; };
 template <> struct FwdSm90Tile<192> { static constexpr int kM = 128, kN = 96, kStages = 2, kNLong = kN; };
 template <> struct FwdSm90Tile<256> { static constexpr int kM = 128, kN = 80, kStages = 2, kNLong = kN; };

@@ -59,11 +59,11 @@ enum class OStore {
 
 // kBlockM / 64 consumer warpgroups: configs.h uses two; three (192 rows, 160 registers each)
 // exist for tools/tune/tune_sm90.cu, which times but does not check them.
-// kPingPong: two consumers take turns issuing their products, so that one's softmax
-// overlaps the other's tensor-core work (FA3's inter-warpgroup schedule).
+// kPingPong: the consumers take turns issuing their products, in a ring (0, 1, ..., 0), so
+// that one's softmax overlaps the others' tensor-core work (FA3's inter-warpgroup schedule).
 // kOStore_: an OStore to force (tools/tune/tune_sm90.cu), or -1 for the rule below.
 template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
-          bool kPingPong_ = kBlockM_ == 128, int kOStore_ = -1>
+          bool kPingPong_ = (kBlockM_ > 64), int kOStore_ = -1>
 struct FwdSm90Traits {
   using T = T_;
   static constexpr bool kFp8 = std::is_same<T, __nv_fp8_e4m3>::value;
@@ -87,7 +87,7 @@ struct FwdSm90Traits {
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr bool kPingPong = kPingPong_;
-  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumers");
+  static_assert(!kPingPong || kConsumers >= 2, "turns take two consumers or more");
   // Shared memory: Q | K ring | V ring | [O] | mbarriers; every tile starts on a 1024-byte
   // line, the period of the 128-byte swizzle.
   static constexpr int kOffK = TileQ::kBytes;
@@ -126,9 +126,9 @@ __device__ __forceinline__ float descale_at(const fmha_descale& d, int b, int hk
   return d.data == nullptr ? 1.f : __ldg(d.data + (int64_t)b * d.batch_stride + (int64_t)hk * d.head_stride);
 }
 
-// Named barriers: 0 is __syncthreads; 1 and 2 are the two consumers' turns (ping-pong),
-// 3 to 5 each consumer's own (the epilogue).
-constexpr int kBarTurn = 1, kBarEpilogue = 3;
+// Named barriers: 0 is __syncthreads; 1 to 3 are the consumers' turns (ping-pong), 4 to 6
+// each consumer's own (the epilogue).
+constexpr int kBarTurn = 1, kBarEpilogue = 4;
 
 // What one tile covers: query rows [m0, m1) of sequence b, head h, and the key blocks
 // n_end - 1, n_end - 2, ..., n_end - n_blocks it visits (the last first, as in
@@ -327,22 +327,28 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
   // ---------------------------------------------------------------- consumers
   setmaxnreg_inc<K::kConsumerRegs>();
-  const int cw = wg - 1;  // consumer index
+  // The consumer index; with three consumers (160 registers each) it comes through a shuffle
+  // from lane 0, which tells ptxas it is warp-uniform: without it the turns' barrier ids
+  // spilled in the main loop (108 B).  With two it would move the register allocation and
+  // spill (24 B at D = 128), so it does not.
+  const int cw = K::kConsumers == 3 ? __shfl_sync(~0u, wg - 1, 0) : wg - 1;
   const int tid_wg = tid % 128, warp_wg = tid_wg / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int row_wg = cw * 64;  // this warpgroup's first row in the tile
   const KMajorDesc<TileQ> desc_q(sQ, row_wg);
-  // Ping-pong turns, consumer 0 first: consumer 1 passes it the CTA's first turn here, and
-  // consumer 0 takes consumer 1's last pass after the last tile.  Each consumer passes the
-  // turn after every issue, the last of a tile included, so that consumer 0 may start the
-  // next tile's first product while consumer 1 still stores this one.
+  // Ping-pong turns, consumer 0 first: the last consumer passes it the CTA's first turn
+  // here, and consumer 0 takes the last consumer's last pass after the last tile.  Each
+  // consumer passes the turn to the next after every issue, the last of a tile included, so
+  // that consumer 0 may start the next tile's first product while the others still store
+  // this one.  Every consumer issues equally often (n_blocks + 1 times per tile), so the
+  // ring never stalls.
   auto turn_wait = [&] {
     if (K::kPingPong) named_barrier_sync(kBarTurn + cw, 256);
   };
   auto turn_pass = [&] {
-    if (K::kPingPong) named_barrier_arrive(kBarTurn + (1 - cw), 256);
+    if (K::kPingPong) named_barrier_arrive(kBarTurn + (K::kConsumers == 2 ? 1 - cw : (cw + 1) % K::kConsumers), 256);
   };
-  if (K::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 256);
+  if (K::kPingPong && cw == K::kConsumers - 1) named_barrier_arrive(kBarTurn, 256);
   int it = 0, q_phase = 0;
 
   order.for_each([&](int m_block, int h, int b) {
@@ -556,7 +562,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     it += n_blocks;
     q_phase ^= 1;
   });
-  if (K::kPingPong && cw == 0) turn_wait();  // consumer 1's last pass
+  if (K::kPingPong && cw == 0) turn_wait();  // the last consumer's last pass
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
