@@ -137,12 +137,13 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pa
   return run_fwd_sm90<FwdSm90Config<T, D, false, kLong>>(p, s, pages);
 }
 
-// A paged cache keeps the regular key blocks: D = 128's 176-key blocks would be read in
-// boxes of 16 rows from any page (load_pages), and pages of 256 then ran 1.14x their
-// contiguous time at 18k keys (H200) against one box of 128 rows per block otherwise.
+// A paged cache keeps the regular tiles: D = 128's 176-key blocks would be read in boxes of
+// 16 rows from any page (load_pages), and pages of 256 then ran 1.14x their contiguous time
+// at 18k keys (H200) against one box of 128 rows per block otherwise; D = 64's 192-row
+// tiles were not timed on pages.
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages) {
-  if constexpr (FwdSm90Tile<D>::kNLong != FwdSm90Tile<D>::kN) {
+  if constexpr (kFwdSm90HasLong<D>) {
     if (pages == nullptr && tile_keys(p.problem) >= kFwdSm90LongKeys) return fwd_sm90_instance<T, D, true>(p, s, pages);
   }
   return fwd_sm90_instance<T, D, false>(p, s, pages);

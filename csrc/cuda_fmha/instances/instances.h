@@ -205,7 +205,9 @@ extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 12
 extern template void run_decode<DecodeWideConfig<__nv_bfloat16, CacheKind::kInt8, 128>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template void run_decode<DecodeConfig<__nv_bfloat16, CacheKind::kInt8, 256>>(const fmha_decode_params&, int, float*, float*, cudaStream_t);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
@@ -217,7 +219,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true>>(const fmha_f
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
