@@ -57,8 +57,8 @@ enum class OStore {
   kOwnBuffer,  // staged through a buffer of its own, 16-byte rows out
 };
 
-// kBlockM / 64 consumer warpgroups: configs.h uses two; three (192 rows, 160 registers each)
-// exist for tools/tune/tune_sm90.cu, which times but does not check them.
+// kBlockM / 64 consumer warpgroups: two (240 registers each), or three (192 rows, 160
+// registers each: D = 64's tiles over long key ranges, FwdSm90Tile::kMLong in configs.h).
 // kPingPong: the consumers take turns issuing their products, in a ring (0, 1, ..., 0), so
 // that one's softmax overlaps the others' tensor-core work (FA3's inter-warpgroup schedule).
 // kOStore_: an OStore to force (tools/tune/tune_sm90.cu), or -1 for the rule below.

@@ -69,7 +69,8 @@ int main() {
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);
     FWD(64, 192, 128, 2);
-    FWD_NOPP(64, 192, 128, 2);
+    FWD(64, 192, 128, 3);
+    FWD(64, 192, 128, 4);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 96
     FWD(96, 128, 128, 2);
