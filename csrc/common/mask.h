@@ -64,6 +64,28 @@ struct MaskGeometry {
     return e < 0 ? 0 : e > seqlen_q ? seqlen_q : (int32_t)e;
   }
 
+  // What one row of a score tile sees, as an interval of its columns [lo, lo + width)
+  // (width 0 for a row past its sequence's end): row i's keys, or with kKeysInRows key row
+  // j's queries.  Sequence ends and window bounds fold into it, so a kernel's per-element
+  // test is one unsigned compare of the column's offset from lo (visible_in).
+  template <bool kKeysInRows>
+  FMHA_HOST_DEVICE void row_interval(int32_t row, int32_t& lo, int32_t& width) const {
+    int32_t hi;
+    if (!kKeysInRows) {
+      lo = row < seqlen_q ? key_begin(row) : 0;
+      hi = row < seqlen_q ? key_end(row + 1) : 0;
+    } else {
+      lo = row < seqlen_k ? query_begin(row) : 0;
+      hi = row < seqlen_k ? query_end(row + 1) : 0;
+    }
+    width = hi > lo ? hi - lo : 0;
+  }
+  // Column col (of a row whose interval is [lo, lo + width)) is visible.  Unsigned: a column
+  // left of lo wraps to at least 2^31, beyond any width.
+  FMHA_HOST_DEVICE static bool visible_in(uint32_t col_minus_lo, int32_t width) {
+    return col_minus_lo < (uint32_t)width;
+  }
+
   // True when every (i, j) of the tile [i0, i1) x [j0, j1) is visible, so a kernel can
   // skip the per-element test.  Only the window bounds matter; sequence bounds are the
   // caller's business.

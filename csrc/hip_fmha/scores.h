@@ -112,14 +112,18 @@ struct ScoreMod {
         for (int r = 0; r < R; ++r) s[b][r] -= slope_log2 * geom.alibi_distance(at.i(b, r), at.j(b, r));
     }
     if (mask) {
+      // The lane's row (its query, or its key where keys are in lanes) sees one interval of
+      // the register dimension (MaskGeometry::row_interval): an element is a subtract and an
+      // unsigned compare, as in the CUDA kernels.
+      int32_t lo, width;
+      geom.row_interval<!kQueryInLanes>(at.lane0 + lane_index<N>(at.lane), lo, width);
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           // A select, not a branch: a branch around one vector element makes the compiler
           // copy the whole accumulator block on both paths.
-          const int i = at.i(b, r), j = at.j(b, r);
-          const bool ok = (i < geom.seqlen_q) & (j < geom.seqlen_k) & geom.visible(i, j);
+          const bool ok = MaskGeometry::visible_in(uint32_t(at.x(b, r)) - uint32_t(lo), width);
           s[b][r] = ok ? s[b][r] : -INFINITY;
         }
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/decode_plan.h"
+#include "common/mask.h"
 #include "common/dropout.h"
 #include "common/philox.h"
 #include "common/quant.h"
@@ -495,7 +496,42 @@ void test_dq_accum_layout() {
   }
 }
 
+// The GPU kernels' mask (csrc/common/mask.h): a row's interval from row_interval, tested
+// with visible_in, against the element test (both indices inside their sequences and
+// visible()), over every row and column of small problems in both alignments, with and
+// without windows, rows and columns past the ends, and the first column far left of lo
+// (the kernels' unsigned offset wraps there).
+void test_mask_row_interval() {
+  int cases = 0;
+  for (int sq : {1, 5, 17})
+    for (int sk : {0, 1, 6, 23})
+      for (int wl : {-1, 0, 3})
+        for (int wr : {-1, 0, 2, 40})
+          for (bool top_left : {false, true}) {
+            const fmha::MaskGeometry g = fmha::MaskGeometry::make(sq, sk, wl, wr, top_left);
+            for (bool keys_in_rows : {false, true})
+              for (int row = 0; row < (keys_in_rows ? sk : sq) + 3; ++row) {
+                int32_t lo = 0, width = 0;
+                if (keys_in_rows)
+                  g.row_interval<true>(row, lo, width);
+                else
+                  g.row_interval<false>(row, lo, width);
+                for (int col = 0; col < (keys_in_rows ? sq : sk) + 3; ++col) {
+                  const int i = keys_in_rows ? col : row, j = keys_in_rows ? row : col;
+                  const bool want = i < sq && j < sk && g.visible(i, j);
+                  const bool got = fmha::MaskGeometry::visible_in(uint32_t(col) - uint32_t(lo), width);
+                  ++cases;
+                  EXPECT(want == got, "sq=%d sk=%d window=(%d,%d) %s %s row %d col %d: interval [%d, +%d)", sq, sk,
+                         wl, wr, top_left ? "top-left" : "bottom-right", keys_in_rows ? "keys in rows" : "queries in rows",
+                         row, col, lo, width);
+                }
+              }
+          }
+  EXPECT(cases > 10000, "only %d cases", cases);
+}
+
 int main() {
+  test_mask_row_interval();
   test_decode_plan();
   test_dq_accum_layout();
   test_philox_known_answers();
