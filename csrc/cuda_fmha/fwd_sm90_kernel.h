@@ -137,12 +137,13 @@ struct FwdTileWork {
   Sequence seq;
   MaskGeometry geom;
   int m0, m1, h, hk, b, n_end, n_blocks;
+  // group: query heads per KV head (divided once per CTA, not per tile).
   __device__ __forceinline__ FwdTileWork(const fmha_problem& pr, int m_block, int h_, int b_, int block_m,
-                                         int block_n)
+                                         int block_n, int group)
       : seq(Sequence::get(pr, b_)), h(h_), b(b_) {
     m0 = m_block * block_m;
     m1 = min(m0 + block_m, seq.len_q);
-    hk = h / (pr.num_heads_q / pr.num_heads_k);
+    hk = h / group;
     geom = MaskGeometry::make(seq.len_q, seq.len_k, pr.window_left, pr.window_right,
                               pr.mask_align == FMHA_ALIGN_TOP_LEFT);
     n_end = 0, n_blocks = 0;
@@ -223,6 +224,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
   const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch);
+  const int group = pr.num_heads_q / pr.num_heads_k;
 
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -270,7 +272,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
     int it = 0, q_phase = 0;
     order.for_each([&](int m_block, int h, int b) {
-      const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN);
+      const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
       if (!w.has_rows()) return;
       // Map coordinates: varlen maps span the packed rows of one "batch".
       const int batch = w.seq.varlen ? 0 : b;
@@ -352,7 +354,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   int it = 0, q_phase = 0;
 
   order.for_each([&](int m_block, int h, int b) {
-    const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN);
+    const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
     if (!w.has_rows()) return;
     const int m0 = w.m0, m1 = w.m1, n_blocks = w.n_blocks;
     const int row0 = m0 + row_wg + warp_wg * 16;  // this warp's first query row

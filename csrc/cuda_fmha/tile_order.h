@@ -20,15 +20,40 @@ struct TileOrder {
   int blocks, heads;
   __device__ __forceinline__ TileOrder(int blocks_, int heads_, int batch)
       : tiles((int64_t)blocks_ * heads_ * batch), blocks(blocks_), heads(heads_) {}
-  // Calls f(block, head, b) for each tile of this CTA, in order.
+  // Calls f(block, head, b) for each tile of this CTA, in order.  Tile t sits at
+  // (p, h, b) with t = p + blocks * (h + heads * b); from one pair to the CTA's next, t
+  // grows by 2 * gridDim.x, which this counter adds digit by digit with carries (its digits
+  // divided out once per CTA): per tile no division, where the two 64-bit divisions of t
+  // took about 1,300 cycles on an H200 (clock64 stamps around the consumers' tiles).
   template <class F>
   __device__ __forceinline__ void for_each(F&& f) const {
-    for (int64_t u = blockIdx.x; 2 * u < tiles; u += gridDim.x)
-      for (int64_t t = 2 * u; t < 2 * u + 2 && t < tiles; ++t) {
-        const int p = (int)(t % blocks);
-        const int64_t bh = t / blocks;
-        f(p % 2 == 0 ? blocks - 1 - p / 2 : p / 2, (int)(bh % heads), (int)(bh / heads));
+    // Both below 2^32: 32-bit divisions.
+    const uint32_t step = 2u * gridDim.x, t0 = 2u * blockIdx.x, nb = blocks, nh = heads;
+    if (t0 >= tiles) return;
+    const int step_p = (int)(step % nb), step_h = (int)(step / nb % nh);
+    const int64_t step_b = step / nb / nh;
+    int p = (int)(t0 % nb), h = (int)(t0 / nb % nh);
+    int64_t b = t0 / nb / nh;
+    auto block = [&](int q) { return q % 2 == 0 ? blocks - 1 - q / 2 : q / 2; };
+    for (int64_t t = t0; t < tiles; t += step) {
+      int pp = p, hh = h;
+      int64_t bb = b;
+#pragma unroll 1  // f's body once in the code
+      for (int64_t tt = t; tt < t + 2 && tt < tiles; ++tt) {  // the pair: t, then one further
+        f(block(pp), hh, (int)bb);
+        if (++pp == blocks) {
+          pp = 0;
+          if (++hh == heads) hh = 0, ++bb;
+        }
       }
+      p += step_p;
+      const int carry_p = p >= blocks;
+      p -= carry_p * blocks;
+      h += step_h + carry_p;
+      const int carry_h = h >= heads;
+      h -= carry_h * heads;
+      b += step_b + carry_h;
+    }
   }
 };
 
