@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       prefetch_tensormap(&maps.v);
     }
     int it = 0, q_phase = 0;
-    order.for_each([&](int m_block, int h, int b) {
+    order.for_each(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {
       const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
       if (!w.has_rows()) return;
       // Map coordinates: varlen maps span the packed rows of one "batch".
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (K::kPingPong && cw == K::kConsumers - 1) named_barrier_arrive(kBarTurn, 256);
   int it = 0, q_phase = 0;
 
-  order.for_each([&](int m_block, int h, int b) {
+  order.for_each(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {
     const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
     if (!w.has_rows()) return;
     const int m0 = w.m0, m1 = w.m1, n_blocks = w.n_blocks;

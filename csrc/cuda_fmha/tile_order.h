@@ -12,23 +12,26 @@
 
 #include <algorithm>
 
+#include "../common/macros.h"
+
 namespace fmha {
 namespace cuda {
 
 struct TileOrder {
   int64_t tiles;
   int blocks, heads;
-  __device__ __forceinline__ TileOrder(int blocks_, int heads_, int batch)
+  FMHA_HOST_DEVICE TileOrder(int blocks_, int heads_, int batch)
       : tiles((int64_t)blocks_ * heads_ * batch), blocks(blocks_), heads(heads_) {}
-  // Calls f(block, head, b) for each tile of this CTA, in order.  Tile t sits at
+  // Calls f(block, head, b) for each tile of CTA `cta` of `ctas` (blockIdx.x, gridDim.x), in
+  // order.  Tile t sits at
   // (p, h, b) with t = p + blocks * (h + heads * b); from one pair to the CTA's next, t
   // grows by 2 * gridDim.x, which this counter adds digit by digit with carries (its digits
   // divided out once per CTA): per tile no division, where the two 64-bit divisions of t
   // took about 1,300 cycles on an H200 (clock64 stamps around the consumers' tiles).
   template <class F>
-  __device__ __forceinline__ void for_each(F&& f) const {
+  FMHA_HOST_DEVICE void for_each(uint32_t cta, uint32_t ctas, F&& f) const {
     // Both below 2^32: 32-bit divisions.
-    const uint32_t step = 2u * gridDim.x, t0 = 2u * blockIdx.x, nb = blocks, nh = heads;
+    const uint32_t step = 2u * ctas, t0 = 2u * cta, nb = blocks, nh = heads;
     if (t0 >= tiles) return;
     const int step_p = (int)(step % nb), step_h = (int)(step / nb % nh);
     const int64_t step_b = step / nb / nh;
@@ -38,7 +41,9 @@ struct TileOrder {
     for (int64_t t = t0; t < tiles; t += step) {
       int pp = p, hh = h;
       int64_t bb = b;
+#if FMHA_DEVICE_CODE
 #pragma unroll 1  // f's body once in the code
+#endif
       for (int64_t tt = t; tt < t + 2 && tt < tiles; ++tt) {  // the pair: t, then one further
         f(block(pp), hh, (int)bb);
         if (++pp == blocks) {
