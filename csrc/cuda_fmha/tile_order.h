@@ -23,14 +23,13 @@ struct TileOrder {
   FMHA_HOST_DEVICE TileOrder(int blocks_, int heads_, int batch)
       : tiles((int64_t)blocks_ * heads_ * batch), blocks(blocks_), heads(heads_) {}
   // Calls f(block, head, b) for each tile of CTA `cta` of `ctas` (blockIdx.x, gridDim.x), in
-  // order.  Tile t sits at
-  // (p, h, b) with t = p + blocks * (h + heads * b); from one pair to the CTA's next, t
-  // grows by 2 * gridDim.x, which this counter adds digit by digit with carries (its digits
-  // divided out once per CTA): per tile no division, where the two 64-bit divisions of t
-  // took about 1,300 cycles on an H200 (clock64 stamps around the consumers' tiles).
+  // order.  Tile t sits at (p, h, b) with t = p + blocks * (h + heads * b); from one pair to
+  // the CTA's next, t grows by 2 * ctas, which this counter adds digit by digit with carries
+  // (the step's digits divided out once per CTA, in 32 bits: 2 * ctas < 2^32).  Per tile
+  // there is no division, where the two 64-bit divisions of t took about 1,300 cycles on an
+  // H200 (clock64 stamps around the consumers' tiles).
   template <class F>
   FMHA_HOST_DEVICE void for_each(uint32_t cta, uint32_t ctas, F&& f) const {
-    // Both below 2^32: 32-bit divisions.
     const uint32_t step = 2u * ctas, t0 = 2u * cta, nb = blocks, nh = heads;
     if (t0 >= tiles) return;
     const int step_p = (int)(step % nb), step_h = (int)(step / nb % nh);
