@@ -5,8 +5,12 @@
 //        -Icsrc -Icsrc/include tools/tune/tune_sm90.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90 && /tmp/tune90
 // TUNE_D builds one head dim's candidates only (64, 96, 128, 192 or 256), so that several
 // builds can run side by side; TUNE_GRID=pairs launches one CTA per pair of tiles instead
-// of the persistent grid.  Numbers compare configurations with each other; the
-// benchmark (python -m fmha.bench) compares fmha with its peers.
+// of the persistent grid.  -DTUNE_DISPATCHED times, instead of the candidates, the tiles
+// the library dispatches (FwdSm90Config, its long tiles where a tile sees
+// kFwdSm90LongKeys keys), labelled by the first argument: built against two trees (-I<tree>/csrc,
+// <tree>/csrc/cuda_fmha/tma.cu) and run alternately, it compares them kernel to kernel.
+// Numbers compare configurations with each other; the benchmark (python -m fmha.bench)
+// compares fmha with its peers.
 #include <vector>
 
 #include "tune_common.h"
@@ -53,7 +57,16 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 // O through registers (0), the Q buffer (1) or a buffer of its own (2); FWD uses the rule.
 #define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
 
-int main() {
+// The tile dispatch.cu picks for s (tile_keys: seqlen_k, half of it under a mask).
+template <int D>
+void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
+  if (kFwdSm90HasLong<D> && (s.causal ? s.S / 2 : s.S) >= kFwdSm90LongKeys)
+    fwd<FwdSm90Config<T, D, false, true>>(tag, s, buf);
+  else
+    fwd<FwdSm90Config<T, D, false, false>>(tag, s, buf);
+}
+
+int main(int argc, char** argv) {
   std::vector<TrainShape> shapes;
   for (int d : {64, 96, 128, 192, 256})
     for (bool causal : {false, true})
@@ -66,11 +79,18 @@ int main() {
   }
   check_cuda(cudaMalloc(&buf.lse, (size_t)16384 * 32 * 4), "cudaMalloc");
   for (const TrainShape& s : shapes) {
+#if defined(TUNE_DISPATCHED)
+    const char* tag = argc > 1 ? argv[1] : "dispatched";
+    if (s.D == 64) dispatched<64>(tag, s, buf);
+    if (s.D == 96) dispatched<96>(tag, s, buf);
+    if (s.D == 128) dispatched<128>(tag, s, buf);
+    if (s.D == 192) dispatched<192>(tag, s, buf);
+    if (s.D == 256) dispatched<256>(tag, s, buf);
+#else
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);
     FWD(64, 192, 128, 2);
-    FWD(64, 192, 128, 3);
-    FWD(64, 192, 128, 4);
+    FWD_NOPP(64, 192, 128, 2);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 96
     FWD(96, 128, 128, 2);
@@ -92,6 +112,7 @@ int main() {
     FWD(256, 128, 80, 2);
     FWD_NOPP(256, 128, 80, 2);
 #endif
+#endif  // TUNE_DISPATCHED
   }
   return 0;
 }
