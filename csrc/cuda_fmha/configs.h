@@ -43,7 +43,7 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // kFwdSm90LongKeys keys or more (seqlen_k, half of it under a mask; dispatch.cu).  Measured
 // with tools/tune/tune_sm90.cu on an H200 (docs/tuning.md, "The sm_90a forward"): 128 x 128
 // at D = 64-128; long, D = 64 takes 192 x 128 (three consumers in turns, FlashAttention-3's
-// tile: 1-8% faster from 8k keys, 2-31% slower below) and D = 128 176-key blocks (2-7%
+// tile: 1-8% faster from 8k keys, 4-32% slower below) and D = 128 176-key blocks (2-7%
 // faster at S = 16k and 0-7% slower at 4k); 96 keys at D = 192 (112: 4% faster to 10%
 // slower); 80 at D = 256, what fits 227 KB (6-16% faster than 64 from S = 4k).
 template <int D>

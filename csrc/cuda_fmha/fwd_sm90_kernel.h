@@ -347,6 +347,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   auto turn_wait = [&] {
     if (K::kPingPong) named_barrier_sync(kBarTurn + cw, 256);
   };
+  // (For two consumers the next is written 1 - cw: the modulo compiled to other register
+  // assignments at D = 128.)
   auto turn_pass = [&] {
     if (K::kPingPong) named_barrier_arrive(kBarTurn + (K::kConsumers == 2 ? 1 - cw : (cw + 1) % K::kConsumers), 256);
   };
