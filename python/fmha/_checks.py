@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -28,8 +27,7 @@ _FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "flo
                                               "float8_e8m0fnu") if hasattr(torch, n))
 
 
-@dataclass(frozen=True)
-class Dims:
+class Dims(NamedTuple):  # a tuple: built on every call, where a frozen dataclass costs several times more
     batch: int
     seqlen_q: int  # fixed: Sq; varlen: max_seqlen_q
     seqlen_k: int
@@ -48,6 +46,8 @@ def _tensor(x, name: str) -> torch.Tensor:
 
 
 def _int(x, name: str, minimum: int) -> int:
+    if type(x) is int and x >= minimum:  # the common case first: these checks run on every call
+        return x
     if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
     if x < minimum:
@@ -56,6 +56,8 @@ def _int(x, name: str, minimum: int) -> int:
 
 
 def _float(x, name: str) -> float:
+    if type(x) is float and math.isfinite(x):
+        return x
     if isinstance(x, bool) or not isinstance(x, (int, float, torch.SymFloat)):
         raise TypeError(f"{name} must be a float, got {type(x).__name__}")
     if not math.isfinite(x):
@@ -101,6 +103,10 @@ def window(window_size, causal: bool) -> tuple[int, int]:
     """flash_attn's (left, right) window, with causal forcing right = 0. Any pair of integers
     is accepted, as flash-attn does: a tuple or list, a 2-element integer tensor or numpy
     array, numpy integers."""
+    if type(window_size) is tuple and len(window_size) == 2 and type(causal) is bool:
+        left, right = window_size
+        if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+            return left, 0 if causal else right
     if isinstance(window_size, torch.Tensor):
         if not _integral_tensor(window_size) or window_size.numel() != 2:
             raise TypeError(f"window_size must be a (left, right) pair of ints, got a {window_size.dtype} tensor "
@@ -126,8 +132,9 @@ def attention_inputs(
 ) -> Dims:
     """Shapes, dtypes and options of an attention call; fp8: the inputs of the fp8 forward
     (float8_e4m3fn q, k, v; fp8_inputs checks what is particular to them)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _tensor(x, name)
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _tensor(x, name)
     if fp8:
         if q.dtype != FP8:
             raise TypeError(f"q must be torch.float8_e4m3fn for the fp8 forward, got {q.dtype}")
@@ -135,8 +142,10 @@ def attention_inputs(
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    _same_device(k, "k", q)
-    _same_device(v, "v", q)
+    device = q.device
+    if k.device != device or v.device != device:
+        _same_device(k, "k", q)
+        _same_device(v, "v", q)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both be None")
     varlen = cu_seqlens_q is not None
@@ -179,12 +188,14 @@ def attention_inputs(
             f"the number of query heads ({heads_q}) must be a positive multiple of the number of "
             f"key/value heads ({heads_k})"
         )
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.stride(-1) != 1 and x.shape[-1] > 1:
-            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
-    for name, n in (("sequence length", max(seqlen_q, seqlen_k)), ("rows", max(total_q, total_k))):
-        if n > _INT32_MAX:
-            raise ValueError(f"{name} {n} exceeds the int32 limit {_INT32_MAX}")
+    if (q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1) and head_dim > 1:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.stride(-1) != 1:
+                raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {x.stride()}")
+    if max(seqlen_q, seqlen_k, total_q, total_k) > _INT32_MAX:
+        for name, n in (("sequence length", max(seqlen_q, seqlen_k)), ("rows", max(total_q, total_k))):
+            if n > _INT32_MAX:
+                raise ValueError(f"{name} {n} exceeds the int32 limit {_INT32_MAX}")
 
     if seqused_k is not None:
         _index_tensor(seqused_k, "seqused_k", batch, q, "batch")

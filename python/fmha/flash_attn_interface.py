@@ -27,9 +27,10 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
                s_aux=None, learnable_sink=None, descales=(None, None, None)):
     """Every flash_attn function's call.  descales: (q, k, v)_descale, checked by the caller
     (_input_descales); read for fp8 inputs (_attention_fp8), unused for the others."""
-    q, k, v = (_checks.contiguous_last(x) for x in (q, k, v))
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _checks._tensor(x, name)
+    q, k, v = _checks.contiguous_last(q), _checks.contiguous_last(k), _checks.contiguous_last(v)
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _checks._tensor(x, name)
     if _checks.is_fp8(q, k, v):
         return _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                               dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -81,10 +82,11 @@ def _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
 def _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
            deterministic, return_attn_probs, out=None, s_aux=None, learnable_sink=None,
            descales=(None, None, None)):
-    for name, x in (("q", q), ("k", k)):
-        _checks._tensor(x, name)
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() == 4 and k.dim() == 4):
+        for name, x in (("q", q), ("k", k)):
+            _checks._tensor(x, name)
+            if x.dim() != 4:
+                raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
     _input_descales(q, k, q.shape[0], *descales)
     return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
@@ -262,6 +264,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
 def _input_descales(q, k, batch, q_descale, k_descale, v_descale) -> None:
     """FlashAttention-3's q/k/v_descale (_checks.input_descale), for batch sequences: read
     by the fp8 forward, and, as FA3 applies them to fp8 inputs only, unused for others."""
+    if q_descale is None and k_descale is None and v_descale is None:
+        return
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if x is not None:
             _checks.input_descale(x, name, batch, k.shape[-2] if k.dim() >= 2 else 0, q)

@@ -8,7 +8,6 @@ the tensors' device.
 """
 
 import contextlib
-import dataclasses
 import functools
 from typing import Optional, Tuple
 
@@ -130,12 +129,14 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     cu_seqlens_q, cu_seqlens_k, seqused_k and alibi_slopes when these are contiguous)."""
     device = q.device
     backend = fmha_device(device)
-    cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
-        _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
+    metadata = cu_seqlens_q is not None or seqused_k is not None
+    if metadata or alibi_slopes is not None:
+        cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
+            _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
     # Whether a CUDA graph is being captured matters only to metadata and dropout (and asking
     # costs a small call's host time).
-    in_capture = (cu_seqlens_q is not None or seqused_k is not None or dropout_p > 0) and capturing(device)
-    if not in_capture:
+    in_capture = (metadata or dropout_p > 0) and capturing(device)
+    if metadata and not in_capture:
         _checks.metadata_values(d, cu_seqlens_q, cu_seqlens_k, seqused_k)
     if dropout_p > 0:
         if rng_state is None:
@@ -156,7 +157,7 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     if vector:
         q, k, v = (_vector_layout(x, d_kernel) for x in (q, k, v))
     if d_kernel != head_dim:
-        d = dataclasses.replace(d, head_dim=d_kernel)
+        d = d._replace(head_dim=d_kernel)
     user_out = out
     if out is None or d_kernel != head_dim or (vector and not _vector_aligned(out)):
         out = torch.empty(q.shape, dtype=q.dtype, device=device)
@@ -214,13 +215,16 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
                  rng_state, deterministic, problem=None):
     """_bwd_impl after the checks of the inputs it shares with the forward, which gave d;
     `problem`, when given, is the forward's (_fwd_checked)."""
-    for name, t in (("dout", dout), ("out", out)):
-        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
-            raise ValueError(f"{name} must match q: shape {tuple(q.shape)} and dtype {q.dtype}, "
-                             f"got {tuple(t.shape)} and {t.dtype}")
+    shape = q.shape
+    if dout.shape != shape or out.shape != shape or dout.dtype != q.dtype or out.dtype != q.dtype:
+        for name, t in (("dout", dout), ("out", out)):
+            if tuple(t.shape) != tuple(shape) or t.dtype != q.dtype:
+                raise ValueError(f"{name} must match q: shape {tuple(shape)} and dtype {q.dtype}, "
+                                 f"got {tuple(t.shape)} and {t.dtype}")
+    lse_shape = _lse_shape(d)
     for name, t in (("lse", lse), ("dlse", dlse)):
-        if t is not None and (tuple(t.shape) != _lse_shape(d) or t.dtype != torch.float32):
-            raise ValueError(f"{name} must be float32 of shape {_lse_shape(d)}, got {t.dtype} {tuple(t.shape)}")
+        if t is not None and (tuple(t.shape) != lse_shape or t.dtype != torch.float32):
+            raise ValueError(f"{name} must be float32 of shape {lse_shape}, got {t.dtype} {tuple(t.shape)}")
     device = q.device
     backend = fmha_device(device)
     dout, out = _checks.contiguous_last(dout), _checks.contiguous_last(out)
@@ -231,7 +235,7 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
     if _vector_rows(device, q.dtype):
         q, k, v, out, dout = (_vector_layout(x, d_kernel) for x in (q, k, v, out, dout))
     if d_kernel != head_dim:
-        d = dataclasses.replace(d, head_dim=d_kernel)
+        d = d._replace(head_dim=d_kernel)
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=device)
@@ -308,11 +312,13 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
-        ctx.dims = _input_dims((q, k, v) + rest)
+        inputs = (q, k, v) + rest
+        ctx.dims = _input_dims(inputs)
         # The small index and slope tensors are made contiguous here and saved so: the
         # pointers in the forward's problem then stay valid for the backward.
-        inputs = ((q, k, v) + tuple(map(_contiguous_small, rest[:3])) + rest[3:10]
-                  + (_contiguous_small(rest[10]),) + rest[11:])
+        if rest[0] is not None or rest[1] is not None or rest[2] is not None or rest[10] is not None:
+            inputs = ((q, k, v) + tuple(map(_contiguous_small, rest[:3])) + rest[3:10]
+                      + (_contiguous_small(rest[10]),) + rest[11:])
         *output, ctx.problem = _fwd_checked(ctx.dims, *inputs)
         _setup_context(ctx, inputs, output)
         # Gradients that are not given stay None (no zero LSE gradient is made and read),
@@ -334,7 +340,7 @@ class _EagerAttention(torch.autograd.Function):
 def _value_head_dim(q: Tensor, k: Tensor, v: Tensor) -> int:
     """v's head dim when it differs from q's and k's, else 0.  k and v may then differ in the
     last dimension only; the op checks everything else."""
-    if not all(isinstance(x, Tensor) for x in (q, k, v)) or v.dim() == 0 or k.dim() == 0:
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)) or v.dim() == 0 or k.dim() == 0:
         return 0  # the op names the bad argument
     if v.shape[-1] == k.shape[-1]:
         return 0
@@ -406,11 +412,12 @@ def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = N
         width = _vector_head_dim(q.device, q.dtype, max(head_dim_v, q.shape[-1]))
         q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] != width else x for x in (q, k, v))
         inputs = (q, k, v) + tuple(inputs[3:])
-    tensors = [x for x in inputs if isinstance(x, Tensor)]
-    extra = [x for x in (out, s_aux) if x is not None]
+    # The tensors of the call: q, k, v, cu_seqlens_q/k, seqused_k, alibi_slopes, rng_state (the
+    # op's other arguments are numbers, which its checks enforce), out and s_aux.
+    tensors = [x for x in (q, k, v, inputs[3], inputs[4], inputs[5], inputs[13], inputs[17]) if isinstance(x, Tensor)]
     eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-             and all(type(x) is Tensor for x in tensors + extra)
-             and q.device.type in ("cpu", "cuda"))
+             and all(type(x) is Tensor for x in tensors) and (out is None or type(out) is Tensor)
+             and (s_aux is None or type(s_aux) is Tensor) and (q.is_cuda or q.is_cpu))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
     direct = None  # the caller's out, when the kernel writes it
     if not eager:
@@ -536,7 +543,7 @@ def _fwd_fp8_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     if head_dim % 16:  # (padded as bytes: e4m3's zero is the byte 0)
         width = -(-head_dim // 16) * 16
         q, k, v = (F.pad(x.view(torch.uint8), (0, width - head_dim)).view(x.dtype) for x in (q, k, v))
-        d = dataclasses.replace(d, head_dim=width)
+        d = d._replace(head_dim=width)
     user_out = out
     if out is None or d.head_dim != head_dim or not _vector_aligned(out):
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)

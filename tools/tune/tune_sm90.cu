@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
 #else
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);
+    FWD(64, 128, 64, 2);
     FWD(64, 192, 128, 2);
     FWD_NOPP(64, 192, 128, 2);
 #endif
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 128, 80, 2);
+    FWD(256, 128, 64, 2);
     FWD_NOPP(256, 128, 80, 2);
 #endif
 #endif  // TUNE_DISPATCHED
