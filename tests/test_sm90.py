@@ -88,23 +88,27 @@ def test_cuda_calls_the_sm90_forward_does_not_take(case):
     assert names and not _ran_sm90(names), sorted(names)
 
 
-# Where a tile sees at least 8192 keys (half of seqlen_k under a mask; FwdSm90Tile's kMLong
-# and kNLong), D = 128 takes 176-key blocks (a last block of 8300 % 176 = 28 live keys) and
-# D = 64 192-row tiles of three consumers (300 rows: a second tile of 108), with and without
-# softcap (the score-mod instance).
-LONG_TILES = {64: "64, 192, 128", 128: "128, 128, 176"}
+# The tile by the keys a tile sees (seqlen_k, half of it under a mask; FwdSm90Tile's kLongKeys,
+# kMLong and kNLong): from 8192, D = 128 takes 176-key blocks (a last block of 8300 % 176 = 28
+# live keys) and D = 64 192-row tiles of three consumers (300 rows: a second tile of 108),
+# with and without softcap (the score-mod instance); D = 256 takes 80-key blocks from 1024
+# (1100 % 80 = 60 live keys in the last) and 64-key blocks below (1000 % 64 = 40).
+TILES = {"d64": (64, 0.0, 8300, "64, 192, 128"), "d64_softcap": (64, 20.0, 8300, "64, 192, 128"),
+         "d128": (128, 0.0, 8300, "128, 128, 176"), "d256": (256, 0.0, 1100, "256, 128, 80"),
+         "d256_softcap": (256, 20.0, 1100, "256, 128, 80"), "d256_short": (256, 0.0, 1000, "256, 128, 64")}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d,softcap", [(64, 0.0), (64, 20.0), (128, 0.0)], ids=["d64", "d64_softcap", "d128"])
-def test_cuda_sm90_long_tiles(causal, d, softcap):
-    sk = 16600 if causal else 8300
+@pytest.mark.parametrize("case", list(TILES))
+def test_cuda_sm90_long_tiles(causal, case):
+    d, softcap, keys, tile = TILES[case]
+    sk = 2 * keys if causal else keys
     q = torch.randn(1, 300, 4, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
     (out, lse), names = _kernels(
         lambda: fmha.flash_attn_func(q, k, v, causal=causal, softcap=softcap, return_attn_probs=True)[:2])
-    assert any("fwd_sm90_kernel" in n and LONG_TILES[d] in n for n in names), sorted(names)
+    assert any("fwd_sm90_kernel" in n and tile in n for n in names), sorted(names)
     ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal, softcap=softcap)
     assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
     assert_close(lse, ref_lse, 1e-4, "lse")

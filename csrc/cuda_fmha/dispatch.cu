@@ -108,7 +108,7 @@ void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
 
 // Keys a query tile sees, roughly: seqlen_k (max_seqlen_k for varlen) without a mask, half
 // of it (the causal average) under a causal or windowed one.  Both forwards take longer key
-// blocks above a threshold of it (kFwdLongKeys, kFwdSm90LongKeys).
+// blocks above a threshold of it (kFwdLongKeys, FwdSm90Tile::kLongKeys).
 int tile_keys(const fmha_problem& pr) {
   const bool masked = pr.window_left >= 0 || pr.window_right >= 0;
   return masked ? pr.seqlen_k / 2 : pr.seqlen_k;
@@ -140,11 +140,11 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pa
 // A paged cache keeps the regular tiles: D = 128's 176-key blocks would be read in boxes of
 // 16 rows from any page (load_pages), and pages of 256 then ran 1.14x their contiguous time
 // at 18k keys (H200) against one box of 128 rows per block otherwise; D = 64's 192-row
-// tiles were not timed on pages.
+// tiles and D = 256's 80-key blocks (also 16-row boxes) were not timed on pages.
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages) {
   if constexpr (kFwdSm90HasLong<D>) {
-    if (pages == nullptr && tile_keys(p.problem) >= kFwdSm90LongKeys) return fwd_sm90_instance<T, D, true>(p, s, pages);
+    if (pages == nullptr && tile_keys(p.problem) >= FwdSm90Tile<D>::kLongKeys) return fwd_sm90_instance<T, D, true>(p, s, pages);
   }
   return fwd_sm90_instance<T, D, false>(p, s, pages);
 }

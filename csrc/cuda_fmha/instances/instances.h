@@ -217,7 +217,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true, true>>(const 
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
@@ -231,7 +233,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true, true>>
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
