@@ -19,7 +19,8 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 // counts seqlen_k without a mask, half of it with one).  It differs only at D = 64: blocks of
 // 96 are 4-12% faster from 512 unmasked keys up (their last block's padding is skipped,
 // fwd_kernel.h), but under a causal mask at 512 keys, where tiles see 128-512 keys, 64 wins
-// by 8-10% (tune_kernels, docs/tuning.md).
+// by 8-10% (tune_kernels, docs/tuning.md).  tools/gen_instances.py reads this table and
+// FwdSm90Tile's (one specialization per line) to list the long tiles' instances.
 template <int D>
 struct FwdTile;  // kBlockM, kBlockN, kNWarps, kNLong
 template <> struct FwdTile<32> { static constexpr int kM = 128, kN = 128, kWarps = 4, kNLong = kN; };
@@ -30,11 +31,11 @@ template <> struct FwdTile<192> { static constexpr int kM = 128, kN = 64, kWarps
 template <> struct FwdTile<256> { static constexpr int kM = 64, kN = 64, kWarps = 4, kNLong = kN; };
 constexpr int kFwdLongKeys = 512;
 // Head dims whose forward also has instances without the softcap and ALiBi passes, for
-// problems that use neither (tools/gen_instances.py's fwd_plain lists the same dims).  The
-// plain kernel runs 1.4-2.2% faster at D = 128 (40 B of spills instead of 88) and 2.4-3.9%
-// at D = 96; at D = 64 it ran up to 1.3% slower on the tiles the dispatch picks and at
-// D = 256 within +-1%, so those keep one instance for every problem; D = 32 and 192 were
-// not measured (tune_kernels, docs/tuning.md).
+// problems that use neither (tools/gen_instances.py reads the dims off the line below).
+// The plain kernel runs 1.4-2.2% faster at D = 128 (40 B of spills instead of 88) and
+// 2.4-3.9% at D = 96; at D = 64 it ran up to 1.3% slower on the tiles the dispatch picks
+// and at D = 256 within +-1%, so those keep one instance for every problem; D = 32 and 192
+// were not measured (tune_kernels, docs/tuning.md).
 template <int D>
 constexpr bool kFwdPlain = D == 96 || D == 128;
 
