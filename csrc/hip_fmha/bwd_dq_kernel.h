@@ -15,6 +15,7 @@
 #include "../common/softmax.h"
 #include "bwd_kernel.h"
 #include "dropout_tile.h"
+#include "kv_blocks.h"
 #include "fmha/fmha.h"
 #include "scores.h"
 #include "tile/buffer.h"
@@ -82,32 +83,21 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const fmha_bwd_para
   const float lse = i < m1 ? lse_log2(p.lse[row_idx]) : INFINITY;
   const float delta = i < m1 ? delta_ws[row_idx] : 0.f;
 
-  TileCopy<TileKV, K::kThreads> copy_k, copy_v;
-  // Row 0 of this head's K and V, computed once: fewer live scalar registers in the loop.
-  const uint16_t* k_head = static_cast<const uint16_t*>(p.k.data) + seq.k_offset(p.k, 0, hk);
-  const uint16_t* v_head = static_cast<const uint16_t*>(p.v.data) + seq.k_offset(p.v, 0, hk);
-  const int64_t k_stride = p.k.row_stride, v_stride = p.v.row_stride;
-  const int len_k = seq.len_k;
-  auto fetch = [&](int n_block) {
-    const int n0 = n_block * kBlockN;
-    copy_k.load(GlobalTile::make(k_head + n0 * k_stride, k_stride, len_k - n0, d), tid);
-    copy_v.load(GlobalTile::make(v_head + n0 * v_stride, v_stride, len_k - n0, d), tid);
-  };
+  KvBlocks<TileKV, K::kThreads, kBlockN> kv(p.k, p.v, seq, hk, d);
 
   Acc<N> acc_dq[D / N];  // dQ^T: head-dim rows, this wave's queries in the lanes
   clear<N>(acc_dq);
   const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
   const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
 
-  if (n_begin < n_end) fetch(n_end - 1);
+  if (n_begin < n_end) kv.load(n_end - 1, tid);
   for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
     const int n0 = n_block * kBlockN;
     barrier();  // every wave is done with the previous K, V and keep mask
-    copy_k.store(sK, tid);
-    copy_v.store(sV, tid);
+    kv.store(sK, sV, tid);
     if (K::kDropout) keep.template draw<K::kThreads>(drop, bh, m0, n0, tid);
     barrier();
-    if (n_block > n_begin) fetch(n_block - 1);
+    if (n_block > n_begin) kv.load(n_block - 1, tid);
 
     // S^T = K Q^T -> P^T = exp2(S^T - LSE).
     Acc<N> acc_s[kBlockN / N], th[kBlockN / N];

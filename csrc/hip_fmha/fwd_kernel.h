@@ -22,6 +22,7 @@
 #include "../common/sequence.h"
 #include "../common/softmax.h"
 #include "dropout_tile.h"
+#include "kv_blocks.h"
 #include "fmha/fmha.h"
 #include "scores.h"
 #include "tile/buffer.h"
@@ -84,17 +85,7 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const fmha_fwd_params 
   for (int s = 0; s < D / kK; ++s) rQ[s] = frag_rows<N>(gQ, 0, kK * s, lane);
 
   // K_j and V_j travel global -> registers (issued a block ahead) -> LDS.
-  TileCopy<TileKV, K::kThreads> copy_k, copy_v;
-  // Row 0 of this head's K and V, computed once: fewer live scalar registers in the loop.
-  const uint16_t* k_head = static_cast<const uint16_t*>(p.k.data) + seq.k_offset(p.k, 0, hk);
-  const uint16_t* v_head = static_cast<const uint16_t*>(p.v.data) + seq.k_offset(p.v, 0, hk);
-  const int64_t k_stride = p.k.row_stride, v_stride = p.v.row_stride;
-  const int len_k = seq.len_k;
-  auto fetch = [&](int n_block) {
-    const int n0 = n_block * kBlockN;
-    copy_k.load(GlobalTile::make(k_head + n0 * k_stride, k_stride, len_k - n0, d), tid);
-    copy_v.load(GlobalTile::make(v_head + n0 * v_stride, v_stride, len_k - n0, d), tid);
-  };
+  KvBlocks<TileKV, K::kThreads, kBlockN> kv(p.k, p.v, seq, hk, d);
 
   Acc<N> acc_o[D / N];  // O^T: head-dim rows, this wave's queries in the lanes
   clear<N>(acc_o);
@@ -102,15 +93,14 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const fmha_fwd_params 
   const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
   const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
 
-  if (n_begin < n_end) fetch(n_end - 1);
+  if (n_begin < n_end) kv.load(n_end - 1, tid);
   for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
     const int n0 = n_block * kBlockN;
     barrier();  // every wave is done with the previous K, V and keep mask
-    copy_k.store(sK, tid);
-    copy_v.store(sV, tid);
+    kv.store(sK, sV, tid);
     if (K::kDropout) keep.template draw<K::kThreads>(drop, bh, m0, n0, tid);
     barrier();
-    if (n_block > n_begin) fetch(n_block - 1);  // in flight during the math below
+    if (n_block > n_begin) kv.load(n_block - 1, tid);  // in flight during the math below
 
     // S^T = K Q^T, then scores in log2 units (Algorithm 1, line 9).
     Acc<N> acc_s[kBlockN / N];
