@@ -56,6 +56,30 @@ def test_tiny_cpu_run(tmp_path, capsys):
     assert fmha.__version__ in capsys.readouterr().out
 
 
+def test_peer_errors(tmp_path, monkeypatch):
+    # Another library refusing a shape in its own exception type (FlashAttention-4 raises
+    # several) is a skipped cell with the reason, not the end of the run; fmha refusing in
+    # anything but RuntimeError is a bug and stops it.
+    from fmha.bench.peers import Peer
+
+    def refuse(q, k, v, causal):
+        raise AssertionError("head dim not supported")
+
+    def fmha_bug(q, k, v, causal):
+        raise TypeError("bug")
+
+    args = ["--device", "cpu", "--quick", "--suites", "training", "--modes", "fwd", "--seqlens", "128",
+            "--head-dims", "64", "--budget", "0.01", "--out", str(tmp_path / "bench")]
+    real = bench.peers
+    monkeypatch.setattr(bench, "peers", lambda device: real(device)[:1] + [Peer("other", "bshd", refuse)])
+    assert bench.main(args) == 0
+    rows = json.loads((tmp_path / "bench" / "results.json").read_text())["results"]
+    assert rows and all(r["skipped"]["other"] == "head dim not supported" and r["tflops"]["fmha"] > 0 for r in rows)
+    monkeypatch.setattr(bench, "peers", lambda device: real(device)[:1] + [Peer("fmha-x", "bshd", fmha_bug)])
+    with pytest.raises(TypeError, match="bug"):
+        bench.main(args)
+
+
 def test_flash_attn_4_alone_is_not_taken_for_flash_attn_2(tmp_path, monkeypatch):
     # flash-attn-4 installs flash_attn as a namespace package with only flash_attn.cute; the
     # FlashAttention-2 peer must then be absent rather than crash the benchmark.
