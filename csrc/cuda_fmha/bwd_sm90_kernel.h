@@ -11,8 +11,9 @@
 //   consumers (warpgroups 1, 2, 64 keys each): per query block
 //       S^T = K Q^T and dP^T = V dO^T                 (wgmma, both operands from shared)
 //       P^T = exp2(S^T - LSE), dS^T = P^T (dP^T - D)   (registers)
-//       dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
+//       dV += P^T dO                                   (wgmma, P^T from registers)
 //       dQ = dS K, each consumer half of dQ's columns  (wgmma, dS^T through shared memory)
+//       dK += dS^T Q, running while dQ is stored       (wgmma, dS^T from registers; kDkAfterDq)
 //
 // Keys in rows (S^T rather than S) puts P^T and dS^T in the accumulator layout that is
 // wgmma's A operand, so dV and dK take them from registers; only dQ needs dS in shared
@@ -75,6 +76,11 @@ struct BwdSm90Traits {
   static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && (!kSplitD || kBlockM == 64),
                 "query block: one or two 64-row dQ products");
   static constexpr int kDqBlocks = kBlockM / 64;  // 64-row dQ products per consumer
+  // Issue order of a block's products: S^T, dP^T, dV, dQ and then dK, so that dK runs while
+  // dQ goes to shared memory (FlashAttention-3's order), where the registers allow it: at
+  // kBlockM = 128 the dQ store with dS^T still held for dK spilled (39 local accesses at
+  // D = 64); there, and with kSplitD, dK goes with dV and the store waits for all three.
+  static constexpr bool kDkAfterDq = !kSplitD && kBlockM == 64;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
@@ -409,14 +415,18 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         Wgmma<T, kDCols>::template ss<0, 1>(acc_dk, desc_ds.k_desc(kk), desc_qt.k_desc(kk), 1);
       wgmma_commit();
     } else {
+      // kDkAfterDq: dV now, dK after dQ (below).
       const MnMajorDesc<TileQ> desc_dot(sdOs), desc_qt(sQs);
       fence_operand(acc_dv);
       fence_operand(acc_dk);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) Wgmma<T, D>::template rs<1>(acc_dv, a_p[0][kk], desc_dot.k_desc(kk), 1);
+      if constexpr (!K::kDkAfterDq) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) Wgmma<T, D>::template rs<1>(acc_dk, a_ds[0][kk], desc_qt.k_desc(kk), 1);
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          Wgmma<T, D>::template rs<1>(acc_dk, a_ds[0][kk], desc_qt.k_desc(kk), 1);
+      }
       wgmma_commit();
     }
 
@@ -437,11 +447,21 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
-    fence_operand(acc_dv);
-    fence_operand(acc_dk);
-    mbar_arrive(empty + st);
-    wgmma_wait<0>();
+    if constexpr (K::kDkAfterDq) {
+      const MnMajorDesc<TileQ> desc_qt(sQs);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) Wgmma<T, D>::template rs<1>(acc_dk, a_ds[0][kk], desc_qt.k_desc(kk), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ are done; dK runs on while dQ is stored
+      fence_operand(acc_dv);
+    } else {
+      wgmma_wait<1>();  // dV and dK are done with this stage's Q and dO
+      fence_operand(acc_dv);
+      fence_operand(acc_dk);
+      mbar_arrive(empty + st);
+      wgmma_wait<0>();
+    }
 #pragma unroll
     for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
 
@@ -465,6 +485,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
     fence_proxy_async_shared();
     named_barrier_arrive(kBarDqFull, kDqThreads);
+    if constexpr (K::kDkAfterDq) {
+      wgmma_wait<0>();  // dK is done with this stage's Q
+      fence_operand(acc_dk);
+      mbar_arrive(empty + st);
+    }
   }
 
   // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys.

@@ -6,6 +6,7 @@
 //        -Icsrc -Icsrc/include tools/tune/tune_sm90_bwd.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90b && /tmp/tune90b
 // The backward's time is the main kernel's alone (D and the dQ accumulator's zeroing and
 // conversion are separate short kernels, the same for any main-kernel design).
+// -DTUNE_SCOREMOD times the score-modifier instances instead, with a softcap of 30.
 #include <vector>
 
 #include "tune_common.h"
@@ -34,13 +35,19 @@ void run(const TrainShape& s, Buffers& buf) {
   pr.window_left = -1;
   pr.window_right = s.causal ? 0 : -1;
   pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+#ifdef TUNE_SCOREMOD
+  constexpr bool kScoreMod = true;
+  pr.softcap = 30.f;
+#else
+  constexpr bool kScoreMod = false;
+#endif
   fmha_fwd_params f{};
   f.struct_size = sizeof(f);
   f.device = FMHA_DEVICE_CUDA;
   f.problem = pr;
   f.q = view(buf.q), f.k = view(buf.k), f.v = view(buf.v), f.out = view(buf.o);
   f.lse = buf.lse;
-  using Fwd = FwdSm90Config<T, D, false>;
+  using Fwd = FwdSm90Config<T, D, kScoreMod>;
   const float fwd_ms = time_ms([&] { run_fwd_sm90<Fwd>(f, 0); }, 30);
   fmha_bwd_params p{};
   p.struct_size = sizeof(p);
@@ -49,7 +56,7 @@ void run(const TrainShape& s, Buffers& buf) {
   p.q = f.q, p.k = f.k, p.v = f.v, p.out = f.out, p.dout = view(buf.dout);
   p.dq = view(buf.dq), p.dk = view(buf.dk), p.dv = view(buf.dv);
   p.lse = buf.lse;
-  using Bwd = BwdSm90Config<T, D, false>;
+  using Bwd = BwdSm90Config<T, D, kScoreMod>;
   const float bwd_ms = time_ms([&] {
     if (!run_bwd_sm90<Bwd>(p, buf.dq_accum, buf.delta, nullptr, 1, nullptr, 0, 0)) std::printf("tensor maps refused\n"), std::exit(1);
   }, 20);
