@@ -19,6 +19,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CUDA_CONFIGS = ROOT / "csrc" / "cuda_fmha" / "configs.h"
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+DECODE_HEAD_DIMS = (64, 128, 256)  # with_dim() in csrc/cuda_fmha/decode.cu
 SM90_FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # fwd_sm90() in csrc/cuda_fmha/dispatch.cu
 SM90_BWD_HEAD_DIMS = (64, 128, 192, 256)  # bwd_sm90() in csrc/cuda_fmha/dispatch.cu
 SM90_FP8_HEAD_DIMS = (64, 128, 256)  # fwd_fp8() in csrc/cuda_fmha/dispatch.cu
@@ -48,10 +49,20 @@ def tile_table(text: str, struct: str) -> dict:
     return table
 
 
+def head_dims_up_to(text: str, name: str, dims) -> tuple:
+    """The head dims of `dims` that configs.h's `constexpr bool <name> = D <= N;` admits."""
+    bound = re.search(r"constexpr bool " + name + r" = D <= (\d+);", text)
+    if not bound:
+        sys.exit(f"tools/gen_instances.py: no {name} = D <= N in {CUDA_CONFIGS}")
+    return tuple(d for d in dims if d <= int(bound.group(1)))
+
+
 def cuda_tiles() -> dict:
     """What the CUDA instance list reads from configs.h (the one table of tiles): the head dims
     whose mma.sync forward has a long-key block (FwdTile::kNLong), whose forward has plain
-    instances (kFwdPlain), and whose sm_90a forward has a long tile (kFwdSm90HasLong)."""
+    instances (kFwdPlain), whose sm_90a forward has a long tile (kFwdSm90HasLong), whose
+    backward has 99 KB tiles (kHasSmallBwd) and whose 8-bit-cache decode has a wide kernel
+    (kHasDecodeWide)."""
     text = CUDA_CONFIGS.read_text()
     fwd = tile_table(text, "FwdTile")
     sm90 = tile_table(text, "FwdSm90Tile")
@@ -59,22 +70,23 @@ def cuda_tiles() -> dict:
     return dict(fwd_long=tuple(d for d, t in sorted(fwd.items()) if t["kNLong"] != t["kN"]),
                 fwd_plain=tuple(int(d) for d in re.findall(r"D == (\d+)", plain.group(1))),
                 sm90_long=tuple(d for d in SM90_FWD_HEAD_DIMS
-                                if (sm90[d]["kMLong"], sm90[d]["kNLong"]) != (sm90[d]["kM"], sm90[d]["kN"])))
+                                if (sm90[d]["kMLong"], sm90[d]["kNLong"]) != (sm90[d]["kM"], sm90[d]["kN"])),
+                bwd_small=head_dims_up_to(text, r"kHasSmallBwd", HEAD_DIMS),
+                decode_wide=head_dims_up_to(text, r"kHasDecodeWide", DECODE_HEAD_DIMS))
 
 
 # fwd_long: head dims whose forward has a second key block for long key ranges
 # (FwdTile::kNLong in csrc/cuda_fmha/configs.h); fwd_plain: head dims whose forward also has
 # instances without the softcap and ALiBi passes (kFwdPlain; the others' one forward
 # instance runs every problem); sm90_long: head dims whose sm_90a forward has a long tile
-# (FwdSm90Tile); these three come from configs.h (cuda_tiles). bwd_small: head dims with
-# backward tiles for 99 KB GPUs (BwdSmallConfig); decode_wide: head dims whose 8-bit-cache
-# decode has a 12-warp kernel for GPUs with about 200 KB of shared memory per block
-# (DecodeWideConfig). sm90: whether the backend has the sm_90a forward and backward
+# (FwdSm90Tile); bwd_small: head dims with backward tiles for 99 KB GPUs (BwdSmallConfig);
+# decode_wide: head dims whose 8-bit-cache decode has a 12-warp kernel for GPUs with about
+# 200 KB of shared memory per block (DecodeWideConfig); these five come from configs.h
+# (cuda_tiles). sm90: whether the backend has the sm_90a forward and backward
 # (FwdSm90Config, BwdSm90Config).
 BACKENDS = {
     "cuda": dict(out=ROOT / "csrc" / "cuda_fmha" / "instances", ext="cu", stream="cudaStream_t",
-                 types={"fp16": "__half", "bf16": "__nv_bfloat16"}, **cuda_tiles(),
-                 bwd_small=(32, 64, 96, 128, 192), decode_wide=(64, 128), sm90=True),
+                 types={"fp16": "__half", "bf16": "__nv_bfloat16"}, **cuda_tiles(), sm90=True),
     "hip": dict(out=ROOT / "csrc" / "hip_fmha" / "instances", ext="hip", stream="hipStream_t",
                 types={"fp16": "f16", "bf16": "bf16"}, fwd_long=(), fwd_plain=(), sm90_long=(), bwd_small=(),
                 decode_wide=(), sm90=False),
@@ -108,7 +120,6 @@ def instances(types, stream, fwd_long, fwd_plain, bwd_small):
                        f"const fmha_bwd_params&, const float*, {stream});")
 
 
-DECODE_HEAD_DIMS = (64, 128, 256)
 CACHE_KINDS = {"plain": "kPlain", "fp8": "kFp8", "int8": "kInt8"}
 
 

@@ -132,6 +132,8 @@ using DecodeConfig = DecodeTraits<T, kCache, D>;
 // 8-bit caches at D <= 128 on GPUs with about 200 KB of shared memory per block (sm90, sm100).
 template <class T, CacheKind kCache, int D>
 using DecodeWideConfig = DecodeTraits<T, kCache, D, true>;
+template <int D>
+constexpr bool kHasDecodeWide = D <= 128;
 
 template <class T, int D, bool kDropout, bool kScoreMod>
 using BwdDqConfig = BwdDqTraits<T, D, 64, (D <= 128 ? 64 : 32), kDropout, kScoreMod>;

@@ -39,7 +39,7 @@ bool use_wide(const fmha_decode_params& p) {
 // f(DecodeConfig{}) of the tensor-core kernel for p (fp16/bf16 queries).
 template <class T, CacheKind C, int D, class F>
 void with_width(const fmha_decode_params& p, F&& f) {
-  if constexpr (C != CacheKind::kPlain && D <= 128)
+  if constexpr (C != CacheKind::kPlain && kHasDecodeWide<D>)
     if (use_wide(p)) return f(DecodeWideConfig<T, C, D>{});
   return f(DecodeConfig<T, C, D>{});
 }
