@@ -6,7 +6,9 @@
 #
 #   tools/fa4_carry.sh prepare [DIR]   here, with network: download the wheels for Python 3.12,
 #                                      x86-64, and write DIR/A (half one) and DIR/B (half two and
-#                                      the small wheels); DIR defaults to .fa4
+#                                      the small wheels); DIR defaults to .fa4 (git-ignored, so
+#                                      that it travels only where named, e.g. the device tool's
+#                                      carry: [".fa4/A"], then [".fa4/B"])
 #   tools/fa4_carry.sh stash [DIR]     there, carrying DIR/A: keep half one in /tmp
 #   tools/fa4_carry.sh install [DIR]   there, carrying DIR/B, right after (the machine must still
 #                                      be the same one): join the halves and install into
