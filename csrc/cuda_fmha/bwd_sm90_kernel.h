@@ -77,7 +77,7 @@ struct BwdSm90Traits {
                 "query block: one or two 64-row dQ products");
   static constexpr int kDqBlocks = kBlockM / 64;  // 64-row dQ products per consumer
   // Issue order of a block's products: S^T, dP^T, dV, dQ and then dK, so that dK runs while
-  // dQ goes to shared memory (FlashAttention-3's order), where the registers allow it: at
+  // dQ goes to shared memory (FlashAttention-4's sm_90 backward's order), where registers allow: at
   // kBlockM = 128 the dQ store with dS^T still held for dK spilled (39 local accesses at
   // D = 64); there, and with kSplitD, dK goes with dV and the store waits for all three.
   static constexpr bool kDkAfterDq = !kSplitD && kBlockM == 64;
