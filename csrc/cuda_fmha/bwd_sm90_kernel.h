@@ -324,18 +324,29 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0.f;
 
   // A fragments (rows g, g + 8, columns 2t, 8 + 2t of each 16-column step) into a keys-in-
-  // rows tile, at this warp's rows and columns from c0.
+  // rows tile, at this warp's rows and columns from c0 (a multiple of 32): one stmatrix per
+  // step, its four 8x8 matrices the fragment's four registers, lane l addressing row l % 8
+  // of matrix l / 8, chunk (l / 16) of the step.  The row's swizzle and that chunk bit XOR
+  // into one base (row starts are 128-byte aligned), the step's chunk pair into that.
+  static_assert(TileDS::kSpan == 128, "dS^T rows of 128-byte spans");
+  const uint32_t st_base = (smem_addr(sdS) + (key_wg + warp_wg * 16 + (lane / 8 % 2) * 8 + lane % 8) * TileDS::kSpan) ^
+                           (((lane / 16) ^ (lane % 8)) * 16);
   auto store_t = [&](T* tile, const uint32_t (&a)[1][kNT / 2][4], int c0) {
-    const unsigned r = unsigned(key_wg + warp_wg * 16 + g);
+    // Opaque to the compiler, so that it XORs in the loop rather than hoist kNT / 2
+    // addresses into registers (with a score mod at D = 128 they spilled).
+    uint32_t base = st_base + (uint32_t)((tile - sdS) * sizeof(T));
+    asm volatile("" : "+r"(base));
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
-      const unsigned c = unsigned(c0 + 16 * kk + 2 * t);
-      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r, c)) = a[0][kk][0];
-      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r + 8, c)) = a[0][kk][1];
-      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r, c + 8)) = a[0][kk][2];
-      *reinterpret_cast<uint32_t*>(tile + TileDS::offset(r + 8, c + 8)) = a[0][kk][3];
+      const int chunk = c0 / 8 + 2 * kk;  // even: the chunk pair of the step
+      stmatrix_x4((base + (chunk / 8) * TileDS::kSlabBytes) ^ ((chunk % 8) * 16), a[0][kk]);
     }
   };
+
+  // This thread's first dQ element in the fp32 buffer: row warp_wg * 16 + g, column 2t of
+  // its consumer's columns.
+  static_assert(K::kDqCols % 32 == 0, "whole groups of four chunks per consumer");
+  const uint32_t dq_row = smem_addr(sdQ) + ((warp_wg * 16 + g) * D + cw * K::kDqCols + 2 * t) * 4;
 
   if (n_iters > 0) mbar_wait(full_kv, 0);
   Step cur = first;
@@ -466,23 +477,23 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
 
     // dQ into the fp32 buffer in the accumulator's layout (swizzle included), for the dQ
-    // warp's bulk reduction.
+    // warp's bulk reduction, in 8-byte stores.  dq_accum_swizzle depends on the row mod 4, so
+    // rows g and g + 8 of every 16-row slab share it, and it flips the low two bits of an
+    // 8-column chunk index (this consumer's first chunk is a multiple of 4): four chunk
+    // addresses per thread, the rest immediates.
     named_barrier_sync(kBarDqEmpty, kDqThreads);
-    const int64_t lse0 = seq.lse_index(pr, m0, h);
+    const int zq = dq_accum_swizzle(seq.lse_index(pr, m0, h) + g) / 8;
+    uint32_t dq_addr[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dq_addr[k] = dq_row + ((k ^ zq) * 8) * 4;
 #pragma unroll
     for (int mb = 0; mb < K::kDqBlocks; ++mb)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int row = mb * 64 + warp_wg * 16 + g + 8 * rr;
-        const int swizzle = dq_accum_swizzle(lse0 + row);
-        float* dst = sdQ + row * D;
+      for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int n = 0; n < K::kDqCols / 8; ++n) {
-          const int c = cw * K::kDqCols + n * 8 + 2 * t;
-          *reinterpret_cast<float2*>(dst + (c ^ swizzle)) =
-              make_float2(acc_dq[mb][n][2 * rr], acc_dq[mb][n][2 * rr + 1]);
-        }
-      }
+        for (int n = 0; n < K::kDqCols / 8; ++n)
+          st_shared_v2(dq_addr[n % 4] + ((mb * 64 + 8 * rr) * D + n / 4 * 32) * 4, acc_dq[mb][n][2 * rr],
+                       acc_dq[mb][n][2 * rr + 1]);
     fence_proxy_async_shared();
     named_barrier_arrive(kBarDqFull, kDqThreads);
     if constexpr (K::kDkAfterDq) {

@@ -7,6 +7,8 @@
 // The backward's time is the main kernel's alone (D and the dQ accumulator's zeroing and
 // conversion are separate short kernels, the same for any main-kernel design).
 // -DTUNE_SCOREMOD times the score-modifier instances instead, with a softcap of 30.
+// TUNE_S=4096 and TUNE_CAUSAL=0|1 in the environment keep one sequence length and mask (for
+// a profiler's launch count).
 #include <vector>
 
 #include "tune_common.h"
@@ -66,6 +68,8 @@ void run(const TrainShape& s, Buffers& buf) {
 }
 
 int main() {
+  const char* only_s = std::getenv("TUNE_S");
+  const char* only_causal = std::getenv("TUNE_CAUSAL");
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
@@ -78,6 +82,7 @@ int main() {
   for (int d : {64, 128, 256})
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 16384}) {
+        if ((only_s && S != std::atoi(only_s)) || (only_causal && causal != (std::atoi(only_causal) != 0))) continue;
         const TrainShape s{S, d, causal};
 #if !defined(TUNE_D) || TUNE_D == 64
         run<64>(s, buf);
