@@ -12,7 +12,7 @@
 //       S^T = K Q^T and dP^T = V dO^T                 (wgmma, both operands from shared)
 //       P^T = exp2(S^T - LSE), dS^T = P^T (dP^T - D)   (registers)
 //       dV += P^T dO                                   (wgmma, P^T from registers)
-//       dQ = dS K, each consumer half of dQ's columns  (wgmma, dS^T through shared memory)
+//       dQ = dS K, each consumer half of dQ           (wgmma, dS^T through shared memory)
 //       dK += dS^T Q, running while dQ is stored       (wgmma, dS^T from registers; kDkAfterDq)
 //
 // Keys in rows (S^T rather than S) puts P^T and dS^T in the accumulator layout that is
@@ -67,15 +67,20 @@ struct BwdSm90Traits {
   static constexpr int kDCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // its columns of dK, dV
   static constexpr int kNT = kQCols / 8;   // 8-column (query) blocks of S^T per thread
   static constexpr int kDT = kDCols / 8;   // 8-column blocks of dK, dV
-  // dQ's columns per consumer.  wgmma reads an MN-major operand from the start of a slab,
-  // so the tiles read in column ranges (K for dQ = dS K, and with kSplitD Q and dO for
-  // dK = dS^T Q, dV = P^T dO) use slabs that divide those ranges.
-  static constexpr int kDqCols = kHeadDim / kConsumers;
+  // dQ = dS K splits between the consumers by rows where the block has two 64-row halves
+  // (kBlockM = 128, D = 64: each consumer its half, every column, m64n64 products), else by
+  // columns (each consumer all 64 rows, half of D).  Split by columns at D = 64, the m64n32
+  // products read 3 KB of shared memory per 16 cycles of tensor work, 1.5x what the shared
+  // memory delivers; m64n64 reads 4 KB per 32 cycles.
+  static constexpr bool kDqRows = kBlockM == 128;
+  static constexpr int kDqCols = kDqRows ? kHeadDim : kHeadDim / kConsumers;  // per consumer
+  // wgmma reads an MN-major operand from the start of a slab, so the tiles read in column
+  // ranges (K for dQ = dS K, and with kSplitD Q and dO for dK = dS^T Q, dV = P^T dO) use
+  // slabs that divide those ranges.
   static constexpr int kSlab = kDqCols % 64 == 0 ? 64 : 32;
   static_assert(kDqCols % 32 == 0, "head dims 64, 128, 192, 256");
   static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && (!kSplitD || kBlockM == 64),
-                "query block: one or two 64-row dQ products");
-  static constexpr int kDqBlocks = kBlockM / 64;  // 64-row dQ products per consumer
+                "query block: one or two 64-row halves");
   // Issue order of a block's products: S^T, dP^T, dV, dQ and then dK, so that dK runs while
   // dQ goes to shared memory (FlashAttention-4's sm_90 backward's order), where registers allow: at
   // kBlockM = 128 the dQ store with dS^T still held for dK spilled (39 local accesses at
@@ -315,7 +320,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   };
   const KMajorDesc<TileK> desc_k(sK, key_wg);        // A of S^T = K Q^T
   const KMajorDesc<TileV> desc_v(sV, key_wg);        // A of dP^T = V dO^T
-  const MnMajorDesc<TileK> desc_kt(cols(sK, TileK{}, cw * K::kDqCols));  // B of dQ = dS K: this consumer's columns
+  const int dq_row0 = K::kDqRows ? cw * 64 : 0, dq_col0 = K::kDqRows ? 0 : cw * K::kDqCols;  // this consumer's part of dQ
+  const MnMajorDesc<TileK> desc_kt(cols(sK, TileK{}, dq_col0));  // B of dQ = dS K
 
   float acc_dk[kDT][4], acc_dv[kDT][4];
 #pragma unroll
@@ -346,7 +352,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   // This thread's first dQ element in the fp32 buffer: row warp_wg * 16 + g, column 2t of
   // its consumer's columns.
   static_assert(K::kDqCols % 32 == 0, "whole groups of four chunks per consumer");
-  const uint32_t dq_row = smem_addr(sdQ) + ((warp_wg * 16 + g) * D + cw * K::kDqCols + 2 * t) * 4;
+  const uint32_t dq_row = smem_addr(sdQ) + ((dq_row0 + warp_wg * 16 + g) * D + dq_col0 + 2 * t) * 4;
 
   if (n_iters > 0) mbar_wait(full_kv, 0);
   Step cur = first;
@@ -442,20 +448,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
 
     // dS^T into its buffer (keys split: each consumer its rows), then dQ = dS K over all
-    // keys, this consumer's columns.
+    // keys, this consumer's half (kDqRows).
     if constexpr (!kSplitD) {
       store_t(sdSs, a_ds, 0);
       fence_proxy_async_shared();  // visible to wgmma after the barrier
       named_barrier_sync(kBarDs, 128 * K::kConsumers);
     }
-    float acc_dq[K::kDqBlocks][K::kDqCols / 8][4];
-    wgmma_fence();
-#pragma unroll
-    for (int mb = 0; mb < K::kDqBlocks; ++mb) {
-      const MnMajorDesc<TileDS> desc_dst(sdSs + mb * (TileDS::kSlabBytes / 2));  // queries 64 mb ..
+    float acc_dq[K::kDqCols / 8][4];
+    {
+      const MnMajorDesc<TileDS> desc_dst(cols(sdSs, TileDS{}, dq_row0));  // dS: queries dq_row0 ..
+      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
-        Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq[mb], desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
+        Wgmma<T, K::kDqCols>::template ss<1, 1>(acc_dq, desc_dst.k_desc(kk), desc_kt.k_desc(kk), kk > 0);
     }
     wgmma_commit();
     if constexpr (K::kDkAfterDq) {
@@ -473,8 +478,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       mbar_arrive(empty + st);
       wgmma_wait<0>();
     }
-#pragma unroll
-    for (int mb = 0; mb < K::kDqBlocks; ++mb) fence_operand(acc_dq[mb]);
+    fence_operand(acc_dq);
 
     // dQ into the fp32 buffer in the accumulator's layout (swizzle included), for the dQ
     // warp's bulk reduction, in 8-byte stores.  dq_accum_swizzle depends on the row mod 4, so
@@ -487,13 +491,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
     for (int k = 0; k < 4; ++k) dq_addr[k] = dq_row + ((k ^ zq) * 8) * 4;
 #pragma unroll
-    for (int mb = 0; mb < K::kDqBlocks; ++mb)
+    for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-        for (int n = 0; n < K::kDqCols / 8; ++n)
-          st_shared_v2(dq_addr[n % 4] + ((mb * 64 + 8 * rr) * D + n / 4 * 32) * 4, acc_dq[mb][n][2 * rr],
-                       acc_dq[mb][n][2 * rr + 1]);
+      for (int n = 0; n < K::kDqCols / 8; ++n)
+        st_shared_v2(dq_addr[n % 4] + (8 * rr * D + n / 4 * 32) * 4, acc_dq[n][2 * rr], acc_dq[n][2 * rr + 1]);
     fence_proxy_async_shared();
     named_barrier_arrive(kBarDqFull, kDqThreads);
     if constexpr (K::kDkAfterDq) {
