@@ -82,10 +82,9 @@ struct BwdSm90Traits {
   static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && (!kSplitD || kBlockM == 64),
                 "query block: one or two 64-row halves");
   // Issue order of a block's products: S^T, dP^T, dV, dQ and then dK, so that dK runs while
-  // dQ goes to shared memory (FlashAttention-4's sm_90 backward's order), where registers allow: at
-  // kBlockM = 128 the dQ store with dS^T still held for dK spilled (39 local accesses at
-  // D = 64); there, and with kSplitD, dK goes with dV and the store waits for all three.
-  static constexpr bool kDkAfterDq = !kSplitD && kBlockM == 64;
+  // dQ goes to shared memory (FlashAttention-4's sm_90 backward's order).  With kSplitD, dK
+  // goes with dV (both read P^T and dS^T from shared memory) and the store waits for all three.
+  static constexpr bool kDkAfterDq = !kSplitD;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
