@@ -85,6 +85,11 @@ struct BwdSm90Traits {
   // dQ goes to shared memory (FlashAttention-4's sm_90 backward's order).  With kSplitD, dK
   // goes with dV (both read P^T and dS^T from shared memory) and the store waits for all three.
   static constexpr bool kDkAfterDq = !kSplitD;
+  // K and V held in registers as the A operands of S^T and dP^T (D / 16 x 4 registers each),
+  // so that those products read only Q and dO from shared memory, where registers allow:
+  // D = 64 on 64-row query blocks (the score-mod instance).  On 128-row blocks K alone made
+  // ptxas serialize the wgmmas (C7512, too few registers).
+  static constexpr bool kKVInRegs = !kSplitD && kHeadDim <= 64 && kBlockM == 64;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
@@ -354,6 +359,18 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const uint32_t dq_row = smem_addr(sdQ) + ((dq_row0 + warp_wg * 16 + g) * D + dq_col0 + 2 * t) * 4;
 
   if (n_iters > 0) mbar_wait(full_kv, 0);
+  uint32_t k_frag[K::kKVInRegs ? D / 16 : 1][4], v_frag[K::kKVInRegs ? D / 16 : 1][4];
+  if constexpr (K::kKVInRegs) {
+    // ldmatrix: lane l addresses row l % 8 of matrix l / 8 (rows +8 for matrices 1, 3; the
+    // second 8-column chunk for 2, 3), the order of an A fragment's registers.
+    const unsigned r = unsigned(key_wg + warp_wg * 16 + (lane / 8 % 2) * 8 + lane % 8);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned c = unsigned(16 * kk + lane / 16 * 8);
+      ldmatrix_x4(k_frag[kk], smem_addr(sK + TileK::offset(r, c)));
+      ldmatrix_x4(v_frag[kk], smem_addr(sV + TileV::offset(r, c)));
+    }
+  }
   Step cur = first;
   for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
     const int st = it % kStages, h = cur.h, m0 = cur.m0;
@@ -370,11 +387,17 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<T, kQCols>::template ss<0, 0>(acc_s[0], desc_k.k_desc(kk), desc_q.k_desc(kk), kk > 0);
+        if constexpr (K::kKVInRegs)
+          Wgmma<T, kQCols>::template rs<0>(acc_s[0], k_frag[kk], desc_q.k_desc(kk), kk > 0);
+        else
+          Wgmma<T, kQCols>::template ss<0, 0>(acc_s[0], desc_k.k_desc(kk), desc_q.k_desc(kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<T, kQCols>::template ss<0, 0>(acc_dp[0], desc_v.k_desc(kk), desc_do.k_desc(kk), kk > 0);
+        if constexpr (K::kKVInRegs)
+          Wgmma<T, kQCols>::template rs<0>(acc_dp[0], v_frag[kk], desc_do.k_desc(kk), kk > 0);
+        else
+          Wgmma<T, kQCols>::template ss<0, 0>(acc_dp[0], desc_v.k_desc(kk), desc_do.k_desc(kk), kk > 0);
       wgmma_commit();
     }
     wgmma_wait<1>();
