@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(K::kThreads) __attribute__((amdgpu_waves_per_e
   // Scores: scale and softcap by ScoreMod; ALiBi (a slope per packed row) and the mask here,
   // for this lane's packed row r0 + l % 16 (rows past the tile repeat its last row).
   const bool alibi = p.alibi_slopes != nullptr;
-  const ScoreMod score = ScoreMod::make_decode(p.scale, p.softcap, alibi, geom);
+  const ScoreMod score = ScoreMod::make(p.scale, p.softcap, alibi, 0.f, geom);
   const int my_row = min(r0 + lane % 16, rows - 1);
   const int qi = my_row / group;
   const float slope_log2 =

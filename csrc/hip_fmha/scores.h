@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "../common/mask.h"
+#include "../common/score_mod.h"
 #include "../common/softmax.h"
 #include "fmha/fmha.h"
 #include "tile/mfma.h"
@@ -28,58 +29,8 @@ struct ScoreCoords {
   FMHA_DEVICE int x(int b, int r) const { return reg0 + b * N + acc_row<N>(r, lane); }
 };
 
-struct ScoreMod {
-  float scale_log2;   // scale * log2(e)
-  float softcap_in;   // scale / softcap
-  float softcap_out;  // softcap * log2(e)
-  float slope_log2;   // ALiBi slope * log2(e), 0 without ALiBi
-  bool softcap;
-  // Plain scores (no softcap, no ALiBi, scale > 0) stay raw q.k after apply(): the softmax
-  // folds scale * log2(e) into its exp2 as one FMA (exp2(x * post_scale - max)).  The row
-  // max of raw scores is then the row max of scaled ones.  Otherwise post_scale is 1.
-  bool fold_scale;
-  float post_scale;
-  MaskGeometry geom;
-
-  // kMods = false: the caller was compiled for problems without softcap and ALiBi (the
-  // backward's plain instances), so neither pass is emitted and no slope is loaded.
-  template <bool kMods = true>
-  FMHA_DEVICE static ScoreMod make(const fmha_problem& p, const MaskGeometry& geom, int b, int h) {
-    ScoreMod s;
-    s.scale_log2 = p.scale * kLog2e;
-    s.softcap = kMods && p.softcap > 0.f;
-    s.softcap_in = s.softcap ? p.scale / p.softcap : 0.f;
-    s.softcap_out = p.softcap * kLog2e;
-    // The pointer tested here too, as in the CUDA ScoreMod: without it the ISA changed.
-    s.slope_log2 = kMods && p.alibi_slopes ? alibi_slope(p, b, h) * kLog2e : 0.f;
-    s.fold_scale = !s.softcap && s.slope_log2 == 0.f && p.scale > 0.f;
-    s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
-    s.geom = geom;
-    return s;
-  }
-
-  // The decode kernel's: no problem struct, and its ALiBi slope differs per packed query
-  // row, so the kernel subtracts it itself (slope_log2 stays 0) and the scale is folded
-  // only without ALiBi.
-  FMHA_DEVICE static ScoreMod make_decode(float scale, float softcap, bool alibi, const MaskGeometry& geom) {
-    ScoreMod s;
-    s.scale_log2 = scale * kLog2e;
-    s.softcap = softcap > 0.f;
-    s.softcap_in = s.softcap ? scale / softcap : 0.f;
-    s.softcap_out = softcap * kLog2e;
-    s.slope_log2 = 0.f;
-    s.fold_scale = !s.softcap && !alibi && scale > 0.f;
-    s.post_scale = s.fold_scale ? s.scale_log2 : 1.f;
-    s.geom = geom;
-    return s;
-  }
-
-  // Whether the tile [m0, m1) x [n0, n0 + kN) needs per-element masking: it crosses the
-  // window band, the end of the keys or the end of the queries.
-  FMHA_DEVICE bool needs_mask(int m0, int m1, int n0, int kN) const {
-    return n0 + kN > geom.seqlen_k || m1 > geom.seqlen_q || !geom.tile_fully_visible(m0, m1, n0, n0 + kN);
-  }
-
+// The parameters (common/score_mod.h), applied to a wave's score tile.
+struct ScoreMod : ScoreModBase<ScoreMod> {
   // s (raw q.k) -> score * log2(e) / post_scale, or -inf where masked.  With kKeepTanh, th
   // receives tanh(s / softcap) for the softcap gradient (0 without softcap, so its factor
   // 1 - th^2 is 1).  Each option is a separate pass so
