@@ -60,6 +60,29 @@ FMHA_HOST_DEVICE float softmax_rescale(float m_old, float m_new) {
   return m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
 }
 
+// Algorithm 1's running statistics of one row (lines 10-11): its maximum m, in the scores'
+// log2 units, and l, the sum of exp2(s - m) over the keys seen so far.  A forward keeps one
+// per row it owns; the passes over the row's elements are each backend's tile ops of the
+// same names (row_max, exp2_row, mul_row: cuda_fmha/tile/mma.h, hip_fmha/tile/mfma.h).
+struct SoftmaxRow {
+  float max, sum;
+  // Before any key.  (Set in the kernel's own loop over its rows, not by default member
+  // initializers: with those, nvcc scheduled the sm80 forward differently, +56 instructions.)
+  FMHA_HOST_DEVICE static SoftmaxRow empty() { return {-INFINITY, 0.f}; }
+
+  // A block of keys whose maximum over the row (all lanes, in max's units) is block_max:
+  // moves max, returns the factor that rescales O and l, and in ref what exp2 subtracts.
+  FMHA_HOST_DEVICE float update(float block_max, float& ref) {
+    const float mx = fmaxf(max, block_max);
+    const float rescale = softmax_rescale(max, mx);
+    ref = softmax_ref_max(mx);
+    max = mx;
+    return rescale;
+  }
+  // l = l * rescale + the block's sum of exp2(s - m).
+  FMHA_HOST_DEVICE void add(float rescale, float block_sum) { sum = sum * rescale + block_sum; }
+};
+
 // Natural-log LSE from the base-2 statistics; -inf for a row that saw no key.
 FMHA_HOST_DEVICE float softmax_lse(float m, float l) {
   return (l > 0.f) ? (m + log2f(l)) * kLn2 : -INFINITY;

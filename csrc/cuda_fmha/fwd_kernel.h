@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
   const int row0 = warp * 16;
   float acc_o[kMT][kDT][4];
   clear(acc_o);
-  float row_max[kMT][2], row_sum[kMT][2];
+  SoftmaxRow softmax[kMT][2];  // rows g and g + 8 of each 16-row block
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) row_max[m][r] = -INFINITY, row_sum[m][r] = 0.f;
+    for (int r = 0; r < 2; ++r) softmax[m][r] = SoftmaxRow::empty();
 
   const auto a_q = ldsm_a<TileQ>(sQ, lane);
   const auto b_k = ldsm_b<TileKV>(sK, lane);
@@ -137,24 +137,10 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kNTb; ++n) mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
-        mx = fmaxf(row_max[m][r], quad_max(mx) * score.post_scale);
-        const float rescale = softmax_rescale(row_max[m][r], mx);
-        const float ref = softmax_ref_max(mx);
-        row_max[m][r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < kNTb; ++n)
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -ref));
-            sum += acc_s[m][n][e];
-          }
-        row_sum[m][r] = row_sum[m][r] * rescale + sum;
-#pragma unroll
-        for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= rescale, acc_o[m][n][2 * r + 1] *= rescale;
+        float ref;
+        const float rescale = softmax[m][r].update(quad_max(row_max(acc_s[m], r)) * score.post_scale, ref);
+        softmax[m][r].add(rescale, exp2_row(acc_s[m], r, score.post_scale, ref));
+        mul_row(acc_o[m], r, rescale);
       }
 
     // Dropout zeroes P after the row sum; the 1 / (1 - p) scale is applied once at the end.
@@ -218,12 +204,12 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant_
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(row_sum[m][r]);
+      const float l = quad_sum(softmax[m][r].sum);
       const float inv = softmax_inv_sum(l) * drop_scale;
 #pragma unroll
       for (int n = 0; n < kDT; ++n) acc_o[m][n][2 * r] *= inv, acc_o[m][n][2 * r + 1] *= inv;
       const int i = m0 + row0 + m * kRowStride + g + 8 * r;
-      if (lse != nullptr && t == 0 && i < m1) lse[seq.lse_index(pr, i, h)] = softmax_lse(row_max[m][r], l);
+      if (lse != nullptr && t == 0 && i < m1) lse[seq.lse_index(pr, i, h)] = softmax_lse(softmax[m][r].max, l);
     }
   __syncthreads();  // the loop's last reads of sQ are done in every warp
   store_acc<TileQ>(sQ, acc_o, row0, kRowStride, 0, lane);

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     float acc_o[kDT][4];
 #pragma unroll
     for (int n = 0; n < kDT; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    SoftmaxRow stats[2] = {SoftmaxRow::empty(), SoftmaxRow::empty()};  // rows g and g + 8
     mbar_wait(full_q, q_phase);
 
     if (n_blocks > 0) {
@@ -425,10 +425,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
           for (int n = 0; n < kNT; ++n) m[n] = fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]);
           const float m_block = quad_max(tree_reduce(m, [](float x, float y) { return fmaxf(x, y); }));
-          const float mx = fmaxf(row_max[r], m_block * score.post_scale);
-          rescale[r] = softmax_rescale(row_max[r], mx);
-          const float ref = softmax_ref_max(mx);
-          row_max[r] = mx;
+          float ref;
+          rescale[r] = stats[r].update(m_block * score.post_scale, ref);
           float sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int n = 0; n < kNT; ++n)
@@ -442,7 +440,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
             for (int n = 0; n < kNT; ++n) m[n] = acc_s[0][n][2 * r] + acc_s[0][n][2 * r + 1];
             sum[0] = tree_reduce(m, [](float x, float y) { return x + y; });
           }
-          row_sum[r] = row_sum[r] * rescale[r] + (sum[0] + sum[1]);
+          stats[r].add(rescale[r], sum[0] + sum[1]);
         }
       };
       auto rescale_o = [&] {
@@ -510,10 +508,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(row_sum[r]);
+      const float l = quad_sum(stats[r].sum);
       inv[r] = softmax_inv_sum(l) * v_descale;
       const int i = row0 + g + 8 * r;
-      if (lse != nullptr && t == 0 && i < m1) lse[w.seq.lse_index(pr, i, h)] = softmax_lse(row_max[r], l);
+      if (lse != nullptr && t == 0 && i < m1) lse[w.seq.lse_index(pr, i, h)] = softmax_lse(stats[r].max, l);
     }
     if constexpr (K::kOStore == OStore::kRegisters) {
 #pragma unroll

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const fmha_fwd_params 
 
   Acc<N> acc_o[D / N];  // O^T: head-dim rows, this wave's queries in the lanes
   clear<N>(acc_o);
-  float row_max = -INFINITY, row_sum = 0.f;  // of query m0 + q0 + lane % N
+  SoftmaxRow softmax = SoftmaxRow::empty();  // of query m0 + q0 + lane % N
   const DropoutParams drop = DropoutParams::make(pr.dropout_p, pr.seed, pr.offset);
   const uint32_t bh = (uint32_t)b * (uint32_t)pr.num_heads_q + (uint32_t)h;
 
@@ -110,26 +110,10 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const fmha_fwd_params 
     score.apply<false>(acc_s, acc_s, ScoreCoords<true, N>{n0, m0 + q0, lane}, score.needs_mask(m0, m1, n0, kBlockN));
 
     // Online softmax (lines 10-11): new row max, rescale O and the row sum, P = exp2(S - m).
-    float mx = -INFINITY;
-#pragma unroll
-    for (int m = 0; m < kBlockN / N; ++m)
-#pragma unroll
-      for (int r = 0; r < Mfma<N>::kRegs; ++r) mx = fmaxf(mx, acc_s[m][r]);
-    mx = fmaxf(row_max, row_reduce_max<N>(mx) * score.post_scale);
-    const float rescale = softmax_rescale(row_max, mx);
-    const float ref = softmax_ref_max(mx);
-    row_max = mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int m = 0; m < kBlockN / N; ++m)
-#pragma unroll
-      for (int r = 0; r < Mfma<N>::kRegs; ++r) {
-        acc_s[m][r] = fast_exp2(fmaf(acc_s[m][r], score.post_scale, -ref));
-        sum += acc_s[m][r];
-      }
-    row_sum = row_sum * rescale + sum;
-#pragma unroll
-    for (int m = 0; m < D / N; ++m) acc_o[m] *= rescale;
+    float ref;
+    const float rescale = softmax.update(row_reduce_max<N>(row_max<N>(acc_s)) * score.post_scale, ref);
+    softmax.add(rescale, exp2_row<N>(acc_s, score.post_scale, ref));
+    mul_row<N>(acc_o, rescale);
 
     // Dropout zeroes P after the row sum; the 1 / (1 - p) scale is applied once at the end.
     if (K::kDropout) {
@@ -152,12 +136,12 @@ __global__ void __launch_bounds__(K::kThreads) fwd_kernel(const fmha_fwd_params 
   }
 
   // Epilogue (lines 14-15): O / l and the LSE; O^T goes out transposed, 8 bytes per store.
-  const float l = row_reduce_sum<N>(row_sum);
+  const float l = row_reduce_sum<N>(softmax.sum);
   const float inv = softmax_inv_sum(l) * (K::kDropout ? drop.scale : 1.f);
 #pragma unroll
   for (int m = 0; m < D / N; ++m) acc_o[m] *= inv;
   const int i = m0 + q0 + lane_index<N>(lane);
-  if (p.lse != nullptr && lane < N && i < m1) p.lse[seq.lse_index(pr, i, h)] = softmax_lse(row_max, l);
+  if (p.lse != nullptr && lane < N && i < m1) p.lse[seq.lse_index(pr, i, h)] = softmax_lse(softmax.max, l);
   uint16_t* out = static_cast<uint16_t*>(p.out.data) + seq.q_offset(p.out, m0 + q0, h);
   store_acc_t<T, N>(GlobalTile::make(out, p.out.row_stride, m1 - m0 - q0, d), acc_o, 0, 0, lane);
 }

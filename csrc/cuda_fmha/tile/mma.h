@@ -7,6 +7,7 @@
 // of two adjacent 16x8 blocks is exactly an A fragment of one 16x16 block.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #include "ptx.h"
@@ -231,6 +232,34 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
 #pragma unroll
     for (int n = 0; n + w < N; n += 2 * w) v[n] = op(v[n], v[n + w]);
   return v[0];
+}
+
+// The online softmax's passes over row r (0: g, 1: g + 8) of a 16-row accumulator block:
+// this lane's maximum of it, P = exp2(s * scale - ref) in place with this lane's sum, and
+// the rescaling of O's row.  The same names over the HIP tile layer's fragments (mfma.h).
+template <int NT>
+__device__ __forceinline__ float row_max(const float (&acc)[NT][4], int r) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(acc[n][2 * r], acc[n][2 * r + 1]));
+  return mx;
+}
+template <int NT>
+__device__ __forceinline__ float exp2_row(float (&acc)[NT][4], int r, float scale, float ref) {
+  float sum = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 2 * r; e < 2 * r + 2; ++e) {
+      acc[n][e] = fast_exp2(fmaf(acc[n][e], scale, -ref));
+      sum += acc[n][e];
+    }
+  return sum;
+}
+template <int NT>
+__device__ __forceinline__ void mul_row(float (&acc)[NT][4], int r, float f) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) acc[n][2 * r] *= f, acc[n][2 * r + 1] *= f;
 }
 
 // Row reductions over the four lanes that share a row.

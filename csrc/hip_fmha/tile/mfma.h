@@ -98,6 +98,37 @@ FMHA_DEVICE float row_reduce_sum(float x) {
   return x;
 }
 
+// The online softmax's passes over a lane's row of a transposed score tile (its query's
+// keys, down the registers): the row's maximum in this lane, P = exp2(s * scale - ref) in
+// place with this lane's sum, and the rescaling of O^T's column.  The same names over the
+// CUDA tile layer's fragments (cuda_fmha/tile/mma.h).
+template <int N, int B>
+FMHA_DEVICE float row_max(const Acc<N> (&s)[B]) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+#pragma unroll
+    for (int r = 0; r < Mfma<N>::kRegs; ++r) mx = fmaxf(mx, s[b][r]);
+  return mx;
+}
+template <int N, int B>
+FMHA_DEVICE float exp2_row(Acc<N> (&s)[B], float scale, float ref) {
+  float sum = 0.f;
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+#pragma unroll
+    for (int r = 0; r < Mfma<N>::kRegs; ++r) {
+      s[b][r] = fast_exp2(fmaf(s[b][r], scale, -ref));
+      sum += s[b][r];
+    }
+  return sum;
+}
+template <int N, int B>
+FMHA_DEVICE void mul_row(Acc<N> (&s)[B], float f) {
+#pragma unroll
+  for (int b = 0; b < B; ++b) s[b] *= f;
+}
+
 template <int N, int B>
 FMHA_DEVICE void clear(Acc<N> (&c)[B]) {
 #pragma unroll
