@@ -91,6 +91,10 @@ FMHA_HOST_DEVICE float softmax_lse(float m, float l) {
 // 1 / l, or 0 for an empty row so its output is 0 (never 0 * inf).
 FMHA_HOST_DEVICE float softmax_inv_sum(float l) { return l > 0.f ? 1.0f / l : 0.f; }
 
+// LSE of a row in log2 units for the backward's P = exp2(S - LSE): +inf for a row that saw
+// no key (its scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
+FMHA_HOST_DEVICE float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
 // Probability of a score (natural units) from the saved LSE; 0 for an empty row.
 FMHA_HOST_DEVICE float prob_from_lse(float s, float lse) {
   return lse == -INFINITY ? 0.f : exp2f((s - lse) * kLog2e);

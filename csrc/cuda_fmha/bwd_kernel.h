@@ -86,10 +86,6 @@ struct BwdDqTraits {
   static constexpr int kSmemBytes = 2 * TileQ::kBytes + 4 * TileKV::kBytes;
 };
 
-// LSE of a row in log2 units for P = exp2(S - LSE): +inf for a row that saw no key (its
-// scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
 // From P (scores already exp2'd) and dP to dropout(P) and dS, in place:
 // p <- dropout(P) (for dV), dp <- dS = P (dropout(dP) - D) * softcap'.
 template <bool kDropout, bool kScoreMod, int MT, int NT>

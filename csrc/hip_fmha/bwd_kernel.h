@@ -56,10 +56,6 @@ struct BwdTraits {
   static_assert(kLdsBytes <= 65536, "gfx90a and gfx942 have 64 KB of LDS per workgroup");
 };
 
-// LSE of a row in log2 units for P = exp2(S - LSE): +inf for a row that saw no key (its
-// scores are all -inf, and exp2(-inf - inf) = 0 where -inf - (-inf) would be NaN).
-FMHA_DEVICE float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
 // From P (scores already exp2'd) and dP to dropout(P) and dS, in place, for element e of
 // block b: p <- P z (for dV), dp <- dS = P (dP z - D) softcap', where z = 0 or 1 / (1 - p)
 // is the dropout factor.  delta(b, e) gives D of the element's row, kept(b, e) its keep byte.
