@@ -353,8 +353,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
   };
 
-  // This thread's first dQ element in the fp32 buffer: row warp_wg * 16 + g, column 2t of
-  // its consumer's columns.
+  // This thread's first dQ element in the fp32 buffer: row dq_row0 + warp_wg * 16 + g,
+  // column dq_col0 + 2t.
   static_assert(K::kDqCols % 32 == 0, "whole groups of four chunks per consumer");
   const uint32_t dq_row = smem_addr(sdQ) + ((dq_row0 + warp_wg * 16 + g) * D + dq_col0 + 2 * t) * 4;
 
