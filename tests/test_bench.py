@@ -159,3 +159,25 @@ def test_paged_prefill_suite_cpu(tmp_path, capsys):
         assert r["fmha_rel_err"] < 1e-5
     assert "Chunked prefill over a paged cache" in (out / "results.md").read_text()
     assert "paged / contiguous" in capsys.readouterr().out
+
+
+def test_cpu_peers_alternate_in_rounds(monkeypatch):
+    # On the CPU each peer's timed runs come in CPU_ROUNDS rounds that alternate between the
+    # peers (one library is never timed alone in one window of the machine's speed), and
+    # the result is the median over all of its runs; a GPU times each peer once.
+    import torch
+    from fmha.bench.peers import Case, Peer
+
+    order = []
+    runs = {"fmha": [1.0, 2.0, 9.0], "other": [4.0]}
+    monkeypatch.setattr(bench, "peer_calls", lambda peer, case, device, mode: peer.name)
+    monkeypatch.setattr(bench.timing, "run_ms", lambda name, device, budget_s: order.append(name) or runs[name])
+    peers = [Peer("fmha", "bshd", None), Peer("other", "bshd", None),
+             Peer("never", "bshd", None, unsupported=lambda case: "no such shape")]
+    case = Case(1, 128, 1, 64, False, torch.float32)
+    ms, skipped = bench.time_peers(peers, case, torch.device("cpu"), "fwd", 1.0)
+    assert bench.CPU_ROUNDS > 1 and order == ["fmha", "other"] * bench.CPU_ROUNDS
+    assert ms == {"fmha": 2.0, "other": 4.0} and skipped == {"never": "no such shape"}
+    order.clear()
+    bench.time_peers(peers, case, torch.device("meta"), "fwd", 1.0)
+    assert order == ["fmha", "other"]

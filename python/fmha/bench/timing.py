@@ -17,11 +17,17 @@ def _sync(device: torch.device) -> None:
 
 def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, warmup: int = 3,
               min_runs: int = 10, budget_s: float = 1.0) -> float:
-    """Median time of one call in milliseconds.  ``fns`` are equivalent calls on different
-    input sets, cycled through so that no run reuses the previous run's data.  On a GPU each
-    call sits between two events and calls are queued back to back (as triton's do_bench
-    does), so the host's launch work overlaps the previous call and the events measure the
-    device's time."""
+    """Median time of one call in milliseconds (of run_ms's runs)."""
+    return statistics.median(run_ms(fns, device, warmup, min_runs, budget_s))
+
+
+def run_ms(fns: Sequence[Callable[[], object]], device: torch.device, warmup: int = 3,
+           min_runs: int = 10, budget_s: float = 1.0) -> list:
+    """Times of timed calls in milliseconds, after warm-up, for about ``budget_s`` seconds.
+    ``fns`` are equivalent calls on different input sets, cycled through so that no run
+    reuses the previous run's data.  On a GPU each call sits between two events and calls
+    are queued back to back (as triton's do_bench does), so the host's launch work overlaps
+    the previous call and the events measure the device's time."""
     for i in range(warmup):
         fns[i % len(fns)]()
     _sync(device)
@@ -37,14 +43,13 @@ def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, warmup:
             fns[i % len(fns)]()
             end.record()
         torch.cuda.synchronize(device)
-        times = [b.elapsed_time(e) for b, e in events]
-    else:
-        times = []
-        for i in range(runs):
-            t0 = time.perf_counter()
-            fns[i % len(fns)]()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        return [b.elapsed_time(e) for b, e in events]
+    times = []
+    for i in range(runs):
+        t0 = time.perf_counter()
+        fns[i % len(fns)]()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def median_ms_graph(fns: Sequence[Callable[[], object]], device: torch.device, budget_s: float = 1.0,
