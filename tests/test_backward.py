@@ -125,6 +125,16 @@ def test_top_left_alignment(device, sq, sk, opts):
     check_backward(device, q, k, v, op_call(top_left=True, **opts), dict(top_left=True, **opts))
 
 
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(300, 40))], ids=["causal", "window"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_keys_in_several_cpu_chunks(device, dtype, opts):
+    # The CPU backward takes the keys in chunks that stay in L2 (bwd_key_chunk in
+    # csrc/cpu/tiles.inc: 256 keys at head dim 256), dQ carried from chunk to chunk: 600
+    # keys are three chunks, the last one partial, and a window ends inside a chunk.
+    q, k, v = qkv(1, 70, 600, 4, 2, 256, dtype)
+    check_backward(device, q, k, v, flash_call(**opts), opts)
+
+
 def test_long_sequence(device):
     q, k, v = qkv(1, 1024, 1024, 2, 1, 32, torch.float16)
     check_backward(device, q, k, v, flash_call(causal=True), dict(causal=True))
