@@ -166,6 +166,17 @@ def test_empty_sequences(device, B, sq, sk):
     check_forward(device, q, k, v, flash_call(causal=True), dict(causal=True))
 
 
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(700, 30))], ids=["causal", "window"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_keys_in_several_cpu_chunks(device, dtype, opts):
+    # Where a query block sees more keys than fit L2, the CPU forward's work items take them
+    # a chunk at a time, each block's softmax state kept between chunks (fwd_blocks_chunked,
+    # csrc/cpu/tiles.inc; 512 keys at head dim 256): 1200 keys are three chunks, the last
+    # partial, a window ends inside one, and 100 rows are four blocks.
+    q, k, v = qkv(1, 100, 1200, 4, 2, 256, dtype)
+    check_forward(device, q, k, v, flash_call(**opts), opts)
+
+
 @pytest.mark.parametrize("dtype,causal", [(torch.float16, True), (torch.float32, False)],
                          ids=["fp16-causal", "fp32-full"])
 def test_long_sequence(device, dtype, causal):

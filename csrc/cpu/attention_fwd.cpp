@@ -4,6 +4,7 @@
 // are in tiles.inc (vectorized, one build per instruction set, see isa.h).
 #include <cmath>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "../common/backend.h"
@@ -58,7 +59,15 @@ void fwd(const fmha_fwd_params& p) {
   // fp32 keys are read in place: the score tile reads 8 rows at a time, too few to evict
   // each other, while P V's sweep over 64 value rows does (1.02-1.05x; values in place as
   // well lost 7-12% at S = 1024).
-  constexpr int64_t kChunk = 32;
+  // Where a block sees more keys than fit L2 (key_chunk: K and V rows in 1 MB, 1024 keys at
+  // D = 128), the item's blocks take them a chunk at a time (fwd_blocks_chunked), their
+  // states kept between chunks: items of at most 16 blocks then, whose states (32 KB a block
+  // at D = 128) stay in L2 too.  Not with the probability output, which is for checking.
+  const int32_t key_chunk =
+      std::max<int32_t>(generic::kBlockN, (int32_t)((size_t(1) << 20) / (8 * (size_t)D)) / generic::kBlockN *
+                                              generic::kBlockN);
+  const bool long_keys = !amx && p.probs.data == nullptr && pr.seqlen_k > key_chunk;
+  const int64_t kChunk = long_keys ? 16 : 32;
   const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
   const int64_t heads = (int64_t)pr.batch * pr.num_heads_q;
   int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kChunk, row_blocks));
@@ -93,6 +102,40 @@ void fwd(const fmha_fwd_params& p) {
           [&](int32_t j) { return v + hd.seq.k_offset(p.v, j, hk); }, mem);
     }
 #endif
+    if (long_keys && ke - kb > key_chunk) {
+      // Blocks with rows inside the sequence, each one's state (block / 2 lanes a vector).
+      const int blocks = std::max<int32_t>(0, std::min<int32_t>(rb1, (int32_t)ceil_div(hd.seq.len_q, block)) - rb0);
+      float* state = static_cast<float*>(ThreadScratch::get(ThreadScratch::kStates)
+                                             .reserve(sizeof(float) * (size_t)blocks * (4 * D + 4) * (block / 2)));
+      auto block_rows = [&](int bl) {
+        const int32_t i0 = (rb0 + bl) * block;
+        return std::pair<int32_t, int>(i0, std::min<int32_t>(i0 + block, hd.seq.len_q) - i0);
+      };
+      auto keys_of = [&](int32_t c0, int32_t c1) {
+        KeyRowsView kv{nullptr, D, nullptr, D};
+        if (pr.dtype == FMHA_DTYPE_FLOAT32) {
+          kv.kbase = static_cast<const float*>(p.k.data) + hd.seq.k_offset(p.k, c0, hd.hk);
+          kv.ks = p.k.row_stride;
+        } else {
+          kv.kbase = key_rows_f32(pr, hd.seq, p.k, hd.hk, c0, c1, ThreadScratch::kItemKeys);
+        }
+        kv.vbase = key_rows_f32(pr, hd.seq, p.v, hd.hk, c0, c1, ThreadScratch::kItemValues);
+        return kv;
+      };
+      auto load_q = [&](int bl, int r, float* dst) {
+        load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, block_rows(bl).first + r, h), D, dst);
+      };
+      auto store_out = [&](int bl, int r, const float* src, float lse) {
+        const int32_t i = block_rows(bl).first + r;
+        store_row(pr.dtype, p.out.data, hd.seq.q_offset(p.out, i, h), D, src);
+        if (p.lse) p.lse[hd.seq.lse_index(pr, i, h)] = lse;
+      };
+      FMHA_CPU_ISA_CALL(fwd_blocks_chunked, tile_head(hd), D, blocks, block_rows, kb, ke, key_chunk, keys_of, state,
+                        load_q, store_out);
+      ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+      ThreadScratch::get(ThreadScratch::kItemValues).trim(KeyRowsF32::kKeepBytes);
+      return;
+    }
     if (!amx && kb < ke) {
       if (pr.dtype == FMHA_DTYPE_FLOAT32) {
         krows = static_cast<const float*>(p.k.data) + hd.seq.k_offset(p.k, kb, hd.hk);

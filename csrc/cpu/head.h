@@ -32,7 +32,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // holds the fp32 K and V copies and runs work items).
 class ThreadScratch {
  public:
-  enum Slot { kKeys, kValues, kItemKeys, kItemValues, kTile, kGrads, kSlots };
+  enum Slot { kKeys, kValues, kItemKeys, kItemValues, kTile, kGrads, kStates, kSlots };
   static ThreadScratch& get(Slot slot) {
     static thread_local ThreadScratch scratch[kSlots];
     return scratch[slot];
@@ -223,6 +223,15 @@ struct KeyRowsF32 {
     return storage + row0 * D;
   }
   int64_t stride() const { return D; }
+};
+
+// Rows of keys and values for the tile kernels: key j0 + j at kbase + j * ks, its value at
+// vbase + j * vs.
+struct KeyRowsView {
+  const float* kbase;
+  int64_t ks;
+  const float* vbase;
+  int64_t vs;
 };
 
 // Keys [j0, j1) of KV head hk of a sequence as fp32 rows, D floats apart, in the calling
