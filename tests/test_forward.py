@@ -171,7 +171,7 @@ def test_empty_sequences(device, B, sq, sk):
 def test_keys_in_several_cpu_chunks(device, dtype, opts):
     # Where a query block sees more keys than fit L2, the CPU forward's work items take them
     # a chunk at a time, each block's softmax state kept between chunks (fwd_blocks_chunked,
-    # csrc/cpu/tiles.inc; 512 keys at head dim 256): 1200 keys are three chunks, the last
+    # csrc/cpu/tiles.inc; 128 keys at head dim 256): 1200 keys are ten chunks, the last
     # partial, a window ends inside one, and 100 rows are four blocks.
     q, k, v = qkv(1, 100, 1200, 4, 2, 256, dtype)
     check_forward(device, q, k, v, flash_call(**opts), opts)

@@ -59,12 +59,15 @@ void fwd(const fmha_fwd_params& p) {
   // fp32 keys are read in place: the score tile reads 8 rows at a time, too few to evict
   // each other, while P V's sweep over 64 value rows does (1.02-1.05x; values in place as
   // well lost 7-12% at S = 1024).
-  // Where a block sees more keys than fit L2 (key_chunk: K and V rows in 1 MB, 1024 keys at
+  // Where a block sees more keys than key_chunk (their K and V rows in 256 KB: 256 keys at
   // D = 128), the item's blocks take them a chunk at a time (fwd_blocks_chunked), their
   // states kept between chunks: items of at most 16 blocks then, whose states (32 KB a block
-  // at D = 128) stay in L2 too.  Not with the probability output, which is for checking.
+  // at D = 128) stay in L2 as well.  A block's pass over every key at once outgrew L2 (two
+  // threads, fp32, D = 128: S = 1024 3.17 -> 3.0 ms, S = 4096 62.7 -> 45.6 ms; chunks of
+  // 512 KB gave the same, of 1 MB 48.8 ms at S = 4096 and nothing at 1024).  Not with the
+  // probability output, which is for checking.
   const int32_t key_chunk =
-      std::max<int32_t>(generic::kBlockN, (int32_t)((size_t(1) << 20) / (8 * (size_t)D)) / generic::kBlockN *
+      std::max<int32_t>(generic::kBlockN, (int32_t)((size_t(256) << 10) / (8 * (size_t)D)) / generic::kBlockN *
                                               generic::kBlockN);
   const bool long_keys = !amx && p.probs.data == nullptr && pr.seqlen_k > key_chunk;
   const int64_t kChunk = long_keys ? 16 : 32;
