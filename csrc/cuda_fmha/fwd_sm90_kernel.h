@@ -114,6 +114,10 @@ struct FwdSm90Traits {
   // tree 0-3% slower than two; above, the tree gave D = 96 up to 4.4%, D = 128 -0.6 to +3.5%
   // over two calls, D = 192 and 256 within 2% (tools/tune/tune_sm90.cu, docs/tuning.md).
   static constexpr bool kTreeSum = kHeadDim > 64;
+  // Where O takes block i's rescale factor: late, after block i - 1's P V has landed and
+  // while the other consumers hold the tensor cores (FlashAttention-4's sm_90 order at
+  // D <= 128), or early, between issuing S_{i+1} = Q K^T and P_i V_i inside the turn.
+  static constexpr bool kRescaleLate = true;
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileV::kBytes % 1024 == 0,
@@ -472,7 +476,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         wait_full(full_k, i);
         turn_wait();
         issue_qk(i);
-        rescale_o();  // by block i - 1's maxima, before its P V joins O
+        if constexpr (!K::kRescaleLate) rescale_o();  // by block i - 1's maxima, before its P V joins O
         wait_full(full_v, i - 1);
         issue_pv(i - 1);
         turn_pass();
@@ -485,9 +489,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         fence_operand(acc_o);
         release(empty_v, i - 1);
         pack_p();
+        if constexpr (K::kRescaleLate) rescale_o();  // O, P_{i-1} V_{i-1} in, to block i's maxima
       }
 
-      rescale_o();
+      if constexpr (!K::kRescaleLate) rescale_o();
       wait_full(full_v, n_blocks - 1);
       turn_wait();
       issue_pv(n_blocks - 1);
