@@ -114,10 +114,13 @@ struct FwdSm90Traits {
   // tree 0-3% slower than two; above, the tree gave D = 96 up to 4.4%, D = 128 -0.6 to +3.5%
   // over two calls, D = 192 and 256 within 2% (tools/tune/tune_sm90.cu, docs/tuning.md).
   static constexpr bool kTreeSum = kHeadDim > 64;
-  // Where O takes block i's rescale factor: late, after block i - 1's P V has landed and
-  // while the other consumers hold the tensor cores (FlashAttention-4's sm_90 order at
-  // D <= 128), or early, between issuing S_{i+1} = Q K^T and P_i V_i inside the turn.
-  static constexpr bool kRescaleLate = true;
+  // Where O takes block i's rescale factor: late, after block i - 1's P V has landed, outside
+  // the consumer's turn (FlashAttention-4's order at D <= 128), or early, inside the turn
+  // between issuing S_{i+1} = Q K^T and P_i V_i.  Late is 3.6-4.7% faster with three
+  // consumers (D = 64's 192-row tiles, whose ring of turns is longer); with two it moved
+  // points by -3 to +5% with no head dim ahead throughout (tools/tune/tune_sm90.cu,
+  // docs/tuning.md), so two keep it early.
+  static constexpr bool kRescaleLate = kConsumers == 3;
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileV::kBytes % 1024 == 0,
