@@ -52,7 +52,7 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
               flops / ms / 1e9);
 }
 
-#define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false>>(#M "x" #N " st" #ST, s, buf)
+#define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, true>>(#M "x" #N " st" #ST, s, buf)
 #define FWD_NOPP(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, false>>(#M "x" #N " st" #ST " nopp", s, buf)
 // O through registers (0), the Q buffer (1) or a buffer of its own (2); FWD uses the rule.
 #define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
@@ -107,11 +107,13 @@ int main(int argc, char** argv) {
     FWD(192, 128, 96, 2);
     FWD(192, 128, 112, 2);
     FWD_NOPP(192, 128, 96, 2);
+    FWD_NOPP(192, 128, 112, 2);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 128, 80, 2);
     FWD(256, 128, 64, 2);
     FWD_NOPP(256, 128, 80, 2);
+    FWD_NOPP(256, 128, 64, 2);
 #endif
 #endif  // TUNE_DISPATCHED
   }

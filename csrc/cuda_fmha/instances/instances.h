@@ -215,7 +215,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false, true>>(const
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
@@ -231,7 +233,9 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false, true>
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
