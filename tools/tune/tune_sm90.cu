@@ -9,6 +9,8 @@
 // the library dispatches (FwdSm90Config, its long tiles where a tile sees
 // FwdSm90Tile::kLongKeys keys), labelled by the first argument: built against two trees (-I<tree>/csrc,
 // <tree>/csrc/cuda_fmha/tma.cu) and run alternately, it compares them kernel to kernel.
+// -DTUNE_CHECKSUM adds a line per shape with a hash of O's bits (after the timed runs), so
+// that two trees whose kernels must compute the same values can be compared bitwise.
 // Numbers compare configurations with each other; the benchmark (python -m fmha.bench)
 // compares fmha with its peers.
 #include <vector>
@@ -50,6 +52,13 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
   const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
   std::printf("%-26s S=%-6d D=%-3d %s %8.3f ms %6.1f TFLOP/s\n", name, s.S, s.D, s.causal ? "causal" : "      ", ms,
               flops / ms / 1e9);
+#if defined(TUNE_CHECKSUM)
+  std::vector<uint16_t> o((size_t)B * s.S * H * s.D);
+  check_cuda(cudaMemcpy(o.data(), buf.o, o.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over O's 16-bit elements
+  for (uint16_t x : o) h = (h ^ x) * 1099511628211ull;
+  std::printf("checksum %s S=%d D=%d %s %016llx\n", name, s.S, s.D, s.causal ? "causal" : "full", (unsigned long long)h);
+#endif
 }
 
 #define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, true>>(#M "x" #N " st" #ST, s, buf)
@@ -73,9 +82,10 @@ int main(int argc, char** argv) {
       for (int S : {512, 1024, 2048, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
+  uint32_t seed = 1;  // the same inputs in every process (TUNE_CHECKSUM compares two)
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o}) {
     check_cuda(cudaMalloc(x, elems * sizeof(T)), "cudaMalloc");
-    fill<<<1024, 256>>>(*x, elems, (uint32_t)(uintptr_t)x);
+    fill<<<1024, 256>>>(*x, elems, 0x9e3779b9u * seed++);
   }
   check_cuda(cudaMalloc(&buf.lse, (size_t)16384 * 32 * 4), "cudaMalloc");
   for (const TrainShape& s : shapes) {
