@@ -167,12 +167,14 @@ def test_empty_sequences(device, B, sq, sk):
 
 
 @pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(700, 30))], ids=["causal", "window"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
 def test_keys_in_several_cpu_chunks(device, dtype, opts):
     # Where a query block sees more keys than fit L2, the CPU forward's work items take them
     # a chunk at a time, each block's softmax state kept between chunks (fwd_blocks_chunked,
     # csrc/cpu/tiles.inc; 128 keys at head dim 256): 1200 keys are ten chunks, the last
-    # partial, a window ends inside one, and 100 rows are four blocks.
+    # partial, a window ends inside one, and 100 rows are four blocks.  bf16 on a CPU with
+    # AMX takes the AMX kernel's chunks (fwd_blocks_amx_chunked, csrc/cpu/amx.inc; 1024 keys
+    # at head dim 256): two under the causal mask, the second partial.
     q, k, v = qkv(1, 100, 1200, 4, 2, 256, dtype)
     check_forward(device, q, k, v, flash_call(**opts), opts)
 

@@ -66,10 +66,17 @@ void fwd(const fmha_fwd_params& p) {
   // threads, fp32, D = 128: S = 1024 3.17 -> 3.0 ms, S = 4096 62.7 -> 45.6 ms; chunks of
   // 512 KB gave the same, of 1 MB 48.8 ms at S = 4096 and nothing at 1024).  Not with the
   // probability output, which is for checking.
+  // The AMX kernel (fwd_blocks_amx_chunked) takes its keys packed, 4 bytes per key and
+  // head-dim element for K and V together, in chunks of 1 MB (2048 keys at D = 128) that
+  // start on a whole key tile, where an item sees more.  One thread, bf16, paired runs
+  // against packing and sweeping them all: S = 8192, D = 128 1.29x (causal 1.18x),
+  // S = 4096 at D = 256 1.33x (1.20x) and at D = 128 1.04-1.07x; chunks of 256 and 512 KB
+  // gained as much there but lost 2-8% at S = 2048, whose keys fit 1 MB.
   const int32_t key_chunk =
-      std::max<int32_t>(generic::kBlockN, (int32_t)((size_t(256) << 10) / (8 * (size_t)D)) / generic::kBlockN *
-                                              generic::kBlockN);
-  const bool long_keys = !amx && p.probs.data == nullptr && pr.seqlen_k > key_chunk;
+      amx ? std::max<int32_t>(128, (int32_t)((size_t(1) << 20) / (4 * (size_t)D)) / 128 * 128)
+          : std::max<int32_t>(generic::kBlockN, (int32_t)((size_t(256) << 10) / (8 * (size_t)D)) /
+                                                    generic::kBlockN * generic::kBlockN);
+  const bool long_keys = p.probs.data == nullptr && pr.seqlen_k > key_chunk;
   const int64_t kChunk = long_keys ? 16 : 32;
   const int64_t row_blocks = ceil_div(pr.seqlen_q, block);
   const int64_t heads = (int64_t)pr.batch * pr.num_heads_q;
@@ -89,31 +96,50 @@ void fwd(const fmha_fwd_params& p) {
     const float* krows = nullptr;
     const float* vrows = nullptr;
     int64_t ks = D, vs = D;
+    // Blocks with rows inside the sequence, for the chunked kernels below.
+    const int blocks = std::max<int32_t>(0, std::min<int32_t>(rb1, (int32_t)ceil_div(hd.seq.len_q, block)) - rb0);
+    auto block_rows = [&](int bl) {
+      const int32_t i0 = (rb0 + bl) * block;
+      return std::pair<int32_t, int>(i0, std::min<int32_t>(i0 + block, hd.seq.len_q) - i0);
+    };
 #if FMHA_CPU_X86_SECTIONS
-    // The AMX kernel's packs of keys [0, ke) (AmxKeys indexes them from key 0), made here
-    // so that they stay in L2 (packed once per call up front, they took 17% of the bf16
-    // forward at S = 128 and went out to L3 and back).
+    // The AMX kernel's packs of the keys an item sees (all of [0, ke), or a chunk at a time),
+    // made here so that they stay in L2 (packed once per call up front, they took 17% of the
+    // bf16 forward at S = 128 and went out to L3 and back).
     avx512::AmxKeys packed;
-    if (amx && kb < ke) {
-      const uint16_t* k = static_cast<const uint16_t*>(p.k.data);
-      const uint16_t* v = static_cast<const uint16_t*>(p.v.data);
-      const int32_t hk = hd.hk;
+    const uint16_t* k16 = static_cast<const uint16_t*>(p.k.data);
+    const uint16_t* v16 = static_cast<const uint16_t*>(p.v.data);
+    // Keys [c0, c1) packed into the item's memory.
+    auto pack_keys = [&](int32_t c0, int32_t c1) -> const avx512::AmxKeys& {
       uint32_t* mem = static_cast<uint32_t*>(ThreadScratch::get(ThreadScratch::kItemKeys)
-                                                 .reserve(sizeof(uint32_t) * avx512::AmxKeys::words(ke, D)));
+                                                 .reserve(sizeof(uint32_t) * avx512::AmxKeys::words(c1 - c0, D)));
       packed.pack(
-          ke, D, [&](int32_t j) { return k + hd.seq.k_offset(p.k, j, hk); },
-          [&](int32_t j) { return v + hd.seq.k_offset(p.v, j, hk); }, mem);
+          c0, c1 - c0, D, [&](int32_t j) { return k16 + hd.seq.k_offset(p.k, c0 + j, hd.hk); },
+          [&](int32_t j) { return v16 + hd.seq.k_offset(p.v, c0 + j, hd.hk); }, mem);
+      return packed;
+    };
+    if (amx && long_keys && ke - kb > key_chunk) {
+      avx512::AmxTiles tiles;
+      avx512::fwd_blocks_amx_chunked(
+          tile_head(hd), D, blocks, block_rows, kb, ke, key_chunk, pack_keys,
+          [&](int bl, int r) {
+            return static_cast<const uint16_t*>(p.q.data) + hd.seq.q_offset(p.q, block_rows(bl).first + r, h);
+          },
+          [&](int bl, int r) {
+            return static_cast<uint16_t*>(p.out.data) + hd.seq.q_offset(p.out, block_rows(bl).first + r, h);
+          },
+          [&](int bl, int r, float lse) {
+            if (p.lse) p.lse[hd.seq.lse_index(pr, block_rows(bl).first + r, h)] = lse;
+          });
+      ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+      return;
     }
+    if (amx && kb < ke) pack_keys(0, ke);
 #endif
-    if (long_keys && ke - kb > key_chunk) {
-      // Blocks with rows inside the sequence, each one's state (block / 2 lanes a vector).
-      const int blocks = std::max<int32_t>(0, std::min<int32_t>(rb1, (int32_t)ceil_div(hd.seq.len_q, block)) - rb0);
+    if (!amx && long_keys && ke - kb > key_chunk) {
+      // Each block's state (block / 2 lanes a vector).
       float* state = static_cast<float*>(ThreadScratch::get(ThreadScratch::kStates)
                                              .reserve(sizeof(float) * (size_t)blocks * (4 * D + 4) * (block / 2)));
-      auto block_rows = [&](int bl) {
-        const int32_t i0 = (rb0 + bl) * block;
-        return std::pair<int32_t, int>(i0, std::min<int32_t>(i0 + block, hd.seq.len_q) - i0);
-      };
       auto keys_of = [&](int32_t c0, int32_t c1) {
         KeyRowsView kv{nullptr, D, nullptr, D};
         if (pr.dtype == FMHA_DTYPE_FLOAT32) {

@@ -150,7 +150,7 @@ void decode(const fmha_decode_params& p) {
       uint32_t* mem = static_cast<uint32_t*>(ThreadScratch::get(ThreadScratch::kItemKeys)
                                                  .reserve(sizeof(uint32_t) * avx512::AmxKeys::words(k1, D)));
       packed.pack(
-          k1, D, [&](int32_t j) { return kc + cv.offset(p.k_cache, leftpad + std::max(j, k0), hk); },
+          0, k1, D, [&](int32_t j) { return kc + cv.offset(p.k_cache, leftpad + std::max(j, k0), hk); },
           [&](int32_t j) { return vc + cv.offset(p.v_cache, leftpad + std::max(j, k0), hk); }, mem);
     }
 #endif

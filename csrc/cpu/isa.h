@@ -109,10 +109,12 @@ namespace generic {
 #undef FMHA_CPU_LANES
 
 #if FMHA_CPU_X86_SECTIONS
-// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized on their own undefined
-// pass-through operands (_mm512_cvtepi32_epi16, _mm512_reduce_*): not ours to fix.
+// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized (and, where a reduction
+// sits in a function of its own, -Wuninitialized) on their own undefined pass-through
+// operands (_mm512_cvtepi32_epi16, _mm512_reduce_*): not ours to fix.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 #define FMHA_CPU_LANES 8
