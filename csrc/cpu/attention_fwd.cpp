@@ -69,8 +69,8 @@ void fwd(const fmha_fwd_params& p) {
   // The AMX kernel (fwd_blocks_amx_chunked) takes its keys packed, 4 bytes per key and
   // head-dim element for K and V together, in chunks of 1 MB (2048 keys at D = 128) that
   // start on a whole key tile, where an item sees more.  One thread, bf16, paired runs
-  // against packing and sweeping them all: S = 8192, D = 128 1.29x (causal 1.18x),
-  // S = 4096 at D = 256 1.33x (1.20x) and at D = 128 1.04-1.07x; chunks of 256 and 512 KB
+  // against packing and sweeping them all: S = 8192, D = 128 1.24-1.27x (causal 1.15-1.17x),
+  // S = 4096 at D = 256 1.31-1.32x (1.14-1.17x) and at D = 128 1.04x; chunks of 256 and 512 KB
   // gained as much there but lost 2-8% at S = 2048, whose keys fit 1 MB.
   const int32_t key_chunk =
       amx ? std::max<int32_t>(128, (int32_t)((size_t(1) << 20) / (4 * (size_t)D)) / 128 * 128)

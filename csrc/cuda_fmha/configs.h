@@ -46,7 +46,8 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // D = 64-128; long, D = 64 takes 192 x 128 (three consumers in turns, FlashAttention-3's
 // tile: 1-8% faster from 8k keys, 4-32% slower below) and D = 128 176-key blocks (2-7%
 // faster at S = 16k and 0-7% slower at 4k); 96 keys at D = 192, and 112 from 4096 keys
-// (FlashAttention-4's block there: 3-7% faster from 4k, 3-4% slower at 1-2k); at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
+// (FlashAttention-4's block there: 2-5% faster from 4k as dispatched, 2-4% slower at 1-2k);
+// at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
 // last block is mostly empty at S = 512) and 80 from 1024, what fits 227 KB (equal at
 // 1024, 15% faster than 64 at S = 2k, 6-16% from S = 4k).
 template <int D>

@@ -116,7 +116,7 @@ struct FwdSm90Traits {
   static constexpr bool kTreeSum = kHeadDim > 64;
   // Where O takes block i's rescale factor: late, after block i - 1's P V has landed, outside
   // the consumer's turn (FlashAttention-4's order at D <= 128), or early, inside the turn
-  // between issuing S_{i+1} = Q K^T and P_i V_i.  Late is 3.6-4.7% faster with three
+  // between issuing S_{i+1} = Q K^T and P_i V_i.  Late is 2.5-4.7% faster with three
   // consumers (D = 64's 192-row tiles, whose ring of turns is longer); with two it moved
   // points by -3 to +5% with no head dim ahead throughout (tools/tune/tune_sm90.cu,
   // docs/tuning.md), so two keep it early.
