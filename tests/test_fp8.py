@@ -40,7 +40,7 @@ E4M3_MAX = 448.0
 # q.k and P.V, the bf16 output), mean_abs 0.004 about 3x.  The LSE sees only the q.k sums
 # (about 1e-4 relative).  Inputs are compared after dequantization, so the inputs' own
 # quantization costs nothing here.  Every case passes on an H200 with it
-# (benchmarks/results/2026-12-03-h200-fp8-fwd/gpu_tests_fp8.txt).
+# (benchmarks/results/2026-12-04-h200-fp8-fwd/gpu_tests_fp8.txt).
 FP8_TOL = dict(max_abs=0.025, mean_abs=0.004, abs_floor=1e-3, lse=1e-3)
 
 

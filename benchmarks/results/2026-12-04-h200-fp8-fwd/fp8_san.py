@@ -1,5 +1,5 @@
-# Small fp8 calls for compute-sanitizer: fixed length (D 64/128/256, causal, softcap), and varlen
-# with an empty sequence and GQA.
+# Small fp8 calls for compute-sanitizer: fixed length (D 64/128/256, causal, softcap), varlen
+# with an empty sequence and GQA, and a call with several tiles per CTA.
 import torch, fmha
 from fmha.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 F8 = torch.float8_e4m3fn
@@ -13,5 +13,8 @@ cu = torch.tensor([0, 70, 70, 333], device=dev, dtype=torch.int32)
 q = torch.randn(333, 8, 128, device=dev).to(F8)
 k, v = (torch.randn(333, 2, 128, device=dev).to(F8) for _ in range(2))
 flash_attn_varlen_func(q, k, v, cu, cu, 263, 263, causal=True)
+# Several tiles per CTA (320 tiles): the rings and the transposing warps' end run across tiles.
+q, k, v = (torch.randn(4, 520, 16, 64, device=dev).to(F8) for _ in range(3))
+flash_attn_func(q, k, v)
 torch.cuda.synchronize()
 print("ok")
