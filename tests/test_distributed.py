@@ -62,6 +62,15 @@ def _cases(device: str):
         cases.append(dict(kind="ulysses", causal=causal, window=window, dtype=dtypes[0], H=4, Hk=4, pack=None))
     cases.append(dict(kind="ulysses", causal=True, window=(-1, -1), dtype=dtypes[-1], H=8, Hk=4, pack="kv",
                       softcap=3.0))
+    # Ulysses over packed documents (rows of the whole batch, documents crossing ranks).
+    for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (4, 0)), (False, (3, 5))):
+        cases.append(dict(kind="ulysses_varlen", causal=causal, window=window, dtype=dtypes[0], H=4, Hk=4,
+                          pack=None))
+    cases.append(dict(kind="ulysses_varlen", causal=True, window=(-1, -1), dtype=dtypes[-1], H=8, Hk=4, pack="kv",
+                      softcap=3.0))
+    cases.append(dict(kind="ulysses_varlen", causal=True, window=(-1, -1), dtype=dtypes[0], H=4, Hk=4, pack="qkv"))
+    cases.append(dict(kind="ulysses_varlen", causal=True, window=(-1, -1), dtype=dtypes[0], H=8, Hk=4, pack=None,
+                      alibi=True))
     # Ulysses x ring: a 2 x 2 mesh on 4 ranks, 2 x 1 on 2 (mesh "ring": 1 x W, the ring alone).
     for layout in FIXED:
         for causal, window in ((True, (-1, -1)), (False, (3, 6))):
@@ -81,7 +90,7 @@ def _cases(device: str):
         parts = [c["kind"], c.get("layout", ""), "causal" if c["causal"] else "full",
                  "" if c["window"] == (-1, -1) else "w%d_%d" % tuple(c["window"]), c["dtype"],
                  f"h{c['H']}_{c['Hk']}", c["pack"] or "", f"s{c['stride']}" if "stride" in c else "",
-                 "softcap" if c.get("softcap") else "", c.get("mesh", "")]
+                 "softcap" if c.get("softcap") else "", "alibi" if c.get("alibi") else "", c.get("mesh", "")]
         c["name"] = "-".join(p for p in parts if p)
     return cases
 
@@ -166,7 +175,7 @@ def _run_case(c, rank, world, device):
             _close(n, g, sh(x.grad), dtype, errors)
         return errors
 
-    if c["kind"] in ("varlen", "llama3"):
+    if c["kind"] in ("varlen", "llama3", "ulysses_varlen"):
         lengths = [2 * world, 6 * world, 0, 4 * world] if c["kind"] == "varlen" else [5, 3 * world + 1, 6 * world - 6]
         if device != "cpu":
             lengths = [x * 16 for x in lengths]
@@ -175,20 +184,27 @@ def _run_case(c, rank, world, device):
         q, k, v, do = randn(T, H, D), randn(T, Hk, D), randn(T, Hk, D), randn(T, H, D)
         dl = torch.randn(H, T, device=device)
         full = [x.clone().requires_grad_() for x in (q, k, v)]
+        alibi = {"alibi_slopes": torch.rand(H, device=device)} if c.get("alibi") else {}
         out, lse, _ = fmha.flash_attn_varlen_func(*full, cu, cu, maxlen, maxlen, causal=c["causal"],
-                                                  window_size=c["window"], return_attn_probs=True)
+                                                  window_size=c["window"], softcap=softcap, return_attn_probs=True,
+                                                  **alibi)
         (out.float() * do.float()).sum().add_((torch.nan_to_num(lse, neginf=0.0) * dl).sum()).backward()
         if c["kind"] == "varlen":
             pos = fd.varlen_positions(cu.tolist(), rank, world, c["layout"]).to(device)
             _, lcu, lmax = fd.shard_varlen(q, cu, rank, world, c["layout"])
             extra = (lcu, lmax)
             base = "ring_flash_attn_varlen" if c["layout"] == "ring" else "zigzag_ring_flash_attn_varlen"
-        else:
+        elif c["kind"] == "llama3":
             n = T // world
             pos = torch.arange(rank * n, (rank + 1) * n, device=device)
             cq, ck, mq, mk, ks = fd.llama3_flash_attn_prepare_cu_seqlens(cu, c["causal"], rank, world)
             extra = (cq, ck, mq, mk, c["stride"], ks)
             base = "llama3_flash_attn_varlen"
+        else:  # ulysses_varlen: rows of the whole batch, with its cu_seqlens
+            n = T // world
+            pos = torch.arange(rank * n, (rank + 1) * n, device=device)
+            extra = (cu, maxlen)
+            base = "ulysses_flash_attn_varlen"
         sh = lambda x, dim=0: x.index_select(dim, pos)  # noqa: E731
         loc = [sh(x).detach().clone() for x in (q, k, v)]
         if c["pack"] == "qkv":
@@ -205,7 +221,8 @@ def _run_case(c, rank, world, device):
             args = tuple(x.requires_grad_() for x in loc)
             grads = lambda: tuple(x.grad for x in args)  # noqa: E731
             fn = getattr(fd, base + "_func")
-        o, l, _ = fn(*args, *extra, causal=c["causal"], window_size=c["window"], return_attn_probs=True)
+        o, l, _ = fn(*args, *extra, causal=c["causal"], window_size=c["window"], return_attn_probs=True,
+                     softcap=softcap, **alibi)
         (o.float() * sh(do).float()).sum().add_((torch.nan_to_num(l, neginf=0.0) * sh(dl, 1)).sum()).backward()
         _close("out", o, sh(out), dtype, errors)
         _close("lse", l, sh(lse, 1), torch.float32 if dtype == torch.float32 else dtype, errors)
@@ -293,6 +310,7 @@ def _errors(rank, world, device):
     errors = []
     x = torch.randn(1, 4 * world, 2, 16, device=device)
     cu = torch.tensor([0, 4 * world], dtype=torch.int32, device=device)
+    y = torch.randn(4 * world - 1, world, 16, device=device)  # one row short of cu's total over the ranks
     checks = [
         ("dropout_p", lambda: fd.ring_flash_attn_func(x, x, x, dropout_p=0.1)),
         ("alibi_slopes", lambda: fd.zigzag_ring_flash_attn_func(x, x, x, alibi_slopes=torch.ones(2))),
@@ -302,6 +320,7 @@ def _errors(rank, world, device):
         ("multiple of the world size", lambda: fd.ulysses_flash_attn_func(x[:, :, :1], x[:, :, :1], x[:, :, :1])
          if world > 1 else (_ for _ in ()).throw(ValueError("multiple of the world size"))),
         ("ulysses_group or ring_group", lambda: fd.usp_flash_attn_func(x, x, x)),
+        ("world size times the local rows", lambda: fd.ulysses_flash_attn_varlen_func(y, y, y, cu, 4 * world)),
         ("Ulysses group's size", lambda: fd.usp_flash_attn_func(x[:, :, :1], x[:, :, :1], x[:, :, :1],
                                                                  ulysses_group=dist.group.WORLD)
          if world > 1 else (_ for _ in ()).throw(ValueError("Ulysses group's size"))),

@@ -7,8 +7,8 @@ function names and signatures (switching is one import line), computed by fmha's
 
 Ring attention (K/V passed around the ring, batched isend/irecv on a side stream on GPUs,
 merged by LSE) in three layouts, fixed length and varlen; Llama 3's all-gather for packed
-documents; Ulysses (all-to-all over heads); Ulysses x ring on a 2-D mesh (usp_*); sharding
-helpers.  See docs/distributed.md.
+documents; Ulysses (all-to-all over heads, fixed length and varlen); Ulysses x ring on a
+2-D mesh (usp_*); sharding helpers.  See docs/distributed.md.
 """
 
 from .llama3 import (
@@ -40,7 +40,14 @@ from .sharding import (
     zigzag_shard,
     zigzag_unshard,
 )
-from .ulysses import ulysses_flash_attn_func, ulysses_flash_attn_kvpacked_func, ulysses_flash_attn_qkvpacked_func
+from .ulysses import (
+    ulysses_flash_attn_func,
+    ulysses_flash_attn_kvpacked_func,
+    ulysses_flash_attn_qkvpacked_func,
+    ulysses_flash_attn_varlen_func,
+    ulysses_flash_attn_varlen_kvpacked_func,
+    ulysses_flash_attn_varlen_qkvpacked_func,
+)
 from .usp import (
     usp_flash_attn_func,
     usp_flash_attn_kvpacked_func,
@@ -79,6 +86,9 @@ __all__ = [
     "ulysses_flash_attn_func",
     "ulysses_flash_attn_kvpacked_func",
     "ulysses_flash_attn_qkvpacked_func",
+    "ulysses_flash_attn_varlen_func",
+    "ulysses_flash_attn_varlen_kvpacked_func",
+    "ulysses_flash_attn_varlen_qkvpacked_func",
     "unshard",
     "unshard_varlen",
     "usp_flash_attn_func",
