@@ -76,10 +76,11 @@ struct FwdSm90Traits {
   static constexpr int kDT = kHeadDim / 8;  // 8-column blocks of O per warp
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "one to three 64-row consumers");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0 && kBlockN <= 256 && kHeadDim % 32 == 0, "tile shape");
-  static_assert(!kFp8 || (kHeadDim % 64 == 0 && kBlockN == 128), "fp8: head dims 64, 128, 256; 128-key blocks");
+  static_assert(!kFp8 || (kHeadDim % 64 == 0 && kBlockN % 64 == 0), "fp8: head dims 64, 128, 256; 64-key multiples");
   using TileQ = std::conditional_t<kFp8, Sm90Tile8<kBlockM, kHeadDim>, Sm90Tile<kBlockM, kHeadDim>>;
   using TileKV = std::conditional_t<kFp8, Sm90Tile8<kBlockN, kHeadDim>, Sm90Tile<kBlockN, kHeadDim>>;
-  // V's ring: blocks of V as K's, or for fp8 of V^T (head dim x keys, one 128-key slab).
+  // V's ring: blocks of V as K's, or for fp8 of V^T (head dim x keys: one 128-key slab, or
+  // 64-key slabs for other multiples of 64).
   using TileV = std::conditional_t<kFp8, Sm90Tile8<kHeadDim, kBlockN>, TileKV>;
   static constexpr int kKSteps = kBlockN * (int)sizeof(T) / 32;  // k-steps of P V: 16 keys, or 32 (fp8)
   // Registers per thread after setmaxnreg: the producer keeps few, the consumers share the
@@ -289,11 +290,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
         const int n0 = (w.n_end - 1 - i) * kBlockN;
         if constexpr (K::kFp8) {
-          if (ring == sV) {  // V^T: one box of kBlockN keys by the head dim
+          if (ring == sV) {  // V^T: a box of one slab's keys by the head dim, per slab
             T* tile = ring + stage * TileV::kElems;
             mbar_arrive_expect_tx(full + stage, TileV::kBytes);
             const int col = (int)(w.seq.varlen ? fp8_vt_col0(w.seq.k_row0, b) : 0) + n0;
-            return tma_load_4d(tile, map, full + stage, col, 0, w.hk, batch);
+#pragma unroll
+            for (int s = 0; s < TileV::kSlabs; ++s)
+              tma_load_4d(tile + s * TileV::kSlabElems, map, full + stage, col + s * TileV::kSlab, 0, w.hk, batch);
+            return;
           }
         } else if (paged) {
           return load_pages<K>(ring + stage * TileKV::kElems, map, full + stage, maps.pages, w, n0, page,
