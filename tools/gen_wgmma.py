@@ -17,8 +17,8 @@ OUT = ROOT / "csrc" / "cuda_fmha" / "tile" / "wgmma_ops.h"
 NS = (32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 # The fp8 forward's products (m64nNk32, e4m3): S = Q K^T over its key blocks (128 keys; 192
-# for tools/tune/tune_sm90_fp8.cu's candidates), O += P V^T at the head dims it runs (64,
-# 128, 256).
+# for tools/tune/tune_sm90.cu's -DTUNE_FP8 candidates), O += P V^T at the head dims it runs
+# (64, 128, 256).
 NS_E4M3 = (64, 128, 192, 256)
 
 

@@ -1,6 +1,7 @@
-// What the tuning harnesses (tune_kernels.cu, tune_sm90.cu) share: the library's device
-// helpers in their simplest form (the harnesses bypass dispatch.cu), random bf16 inputs,
-// and a CUDA-event timer.
+// What the tuning harnesses (tune_kernels.cu, tune_sm90.cu, tune_sm90_bwd.cu) share: the
+// library's device helpers in their simplest form (the harnesses bypass dispatch.cu), the
+// training shapes' problem and tensors, random inputs (bf16, or e4m3), and a CUDA-event
+// timer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "cuda_fmha/configs.h"
+#include "fmha/fmha.h"
 
 namespace fmha {
 namespace cuda {
@@ -46,16 +48,33 @@ struct TrainShape {
   bool causal;
   int B() const { return 16384 / S; }
   int H() const { return 2048 / D; }
+  // Self-attention over s: B x S tokens of H heads, causal (bottom-right) or not.
+  fmha_problem problem(fmha_dtype dtype) const {
+    fmha_problem pr{};
+    pr.dtype = dtype;
+    pr.batch = B();
+    pr.seqlen_q = pr.seqlen_k = S;
+    pr.num_heads_q = pr.num_heads_k = H();
+    pr.head_dim = D;
+    pr.scale = 1.f / sqrtf((float)D);
+    pr.window_left = -1;
+    pr.window_right = causal ? 0 : -1;
+    pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+    return pr;
+  }
+  // A (B, S, H, D) tensor of the shape's tokens.
+  fmha_tensor view(void* x) const { return fmha_tensor{x, (int64_t)S * H() * D, (int64_t)H() * D, D}; }
 };
 
-// Uniform values in [-1.7, 1.7) from a hash of the index.
-__global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
+// Uniform values in [-1.7, 1.7) from a hash of the index, in E (bf16, or e4m3).
+template <class E>
+__global__ void fill(E* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     uint32_t h = (uint32_t)i * 2654435761u ^ seed;
     h ^= h >> 13;
     h *= 0x5bd1e995u;
     h ^= h >> 15;
-    x[i] = __float2bfloat16(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
+    x[i] = E(((h & 0xFFFF) / 65536.f - 0.5f) * 3.4f);
   }
 }
 

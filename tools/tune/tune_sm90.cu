@@ -11,19 +11,40 @@
 // <tree>/csrc/cuda_fmha/tma.cu) and run alternately, it compares them kernel to kernel.
 // -DTUNE_CHECKSUM adds a line per shape with a hash of O's bits (after the timed runs), so
 // that two trees whose kernels must compute the same values can be compared bitwise.
+// -DTUNE_FP8 times the fp8 (e4m3) forward instead, as a call runs it: the V^T pass
+// (fp8_v_transpose; add csrc/cuda_fmha/fwd_fp8.cu to the build) and the kernel together,
+// its candidates 128- and 192-key blocks at D = 64/128 (built, not yet run on a GPU).
 // Numbers compare configurations with each other; the benchmark (python -m fmha.bench)
 // compares fmha with its peers.
 #include <vector>
 
+#if defined(TUNE_FP8)
+#include <cuda_fp8.h>
+#endif
+
 #include "tune_common.h"
+
+#if defined(TUNE_FP8)
+#include "cuda_fmha/fwd_fp8.h"
+#endif
 
 using namespace fmha;
 using namespace fmha::cuda;
+#if defined(TUNE_FP8)
+using T = __nv_fp8_e4m3;
+constexpr fmha_dtype kDtype = FMHA_DTYPE_FLOAT8_E4M3;
+constexpr int kTuneHeadDims[] = {64, 128, 256};
+#else
 using T = __nv_bfloat16;
+constexpr fmha_dtype kDtype = FMHA_DTYPE_BFLOAT16;
+constexpr int kTuneHeadDims[] = {64, 96, 128, 192, 256};
+#endif
 
 struct Buffers {
-  T *q, *k, *v, *o;
+  T *q, *k, *v;
+  __nv_bfloat16* o;  // bf16 for fp8 too
   float* lse;
+  void* workspace;  // fp8's V^T
 };
 
 template <class K>
@@ -33,20 +54,14 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
   fmha_fwd_params p{};
   p.struct_size = sizeof(p);
   p.device = FMHA_DEVICE_CUDA;
-  fmha_problem& pr = p.problem;
-  pr.dtype = FMHA_DTYPE_BFLOAT16;
-  pr.batch = B;
-  pr.seqlen_q = pr.seqlen_k = s.S;
-  pr.num_heads_q = pr.num_heads_k = H;
-  pr.head_dim = s.D;
-  pr.scale = 1.f / sqrtf((float)s.D);
-  pr.window_left = -1;
-  pr.window_right = s.causal ? 0 : -1;
-  pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
-  auto view = [&](T* x) { return fmha_tensor{x, (int64_t)s.S * H * s.D, (int64_t)H * s.D, s.D}; };
-  p.q = view(buf.q), p.k = view(buf.k), p.v = view(buf.v), p.out = view(buf.o);
+  p.problem = s.problem(kDtype);
+  p.q = s.view(buf.q), p.k = s.view(buf.k), p.v = s.view(buf.v), p.out = s.view(buf.o);
   p.lse = buf.lse;
   const float ms = time_ms([&] {
+#if defined(TUNE_FP8)
+    p.workspace = buf.workspace, p.workspace_size = fwd_fp8_workspace_size(p.problem);
+    fp8_v_transpose(p, 0);
+#endif
     if (!run_fwd_sm90<K>(p, 0)) std::printf("tensor maps refused\n"), std::exit(1);
   }, 30);
   const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
@@ -62,6 +77,7 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 }
 
 #define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, true>>(#M "x" #N " st" #ST, s, buf)
+#define FWD_FP8(D, M, N) fwd<FwdSm90Traits<T, D, M, N, 2, false>>(#M "x" #N " fp8", s, buf)
 #define FWD_NOPP(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, false>>(#M "x" #N " st" #ST " nopp", s, buf)
 // O through registers (0), the Q buffer (1) or a buffer of its own (2); FWD uses the rule.
 #define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
@@ -69,33 +85,58 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 // The tile dispatch.cu picks for s (tile_keys: seqlen_k, half of it under a mask).
 template <int D>
 void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
+#if defined(TUNE_FP8)
+  fwd<FwdSm90Fp8Config<D, false>>(tag, s, buf);
+#else
   if (kFwdSm90HasLong<D> && (s.causal ? s.S / 2 : s.S) >= FwdSm90Tile<D>::kLongKeys)
     fwd<FwdSm90Config<T, D, false, true>>(tag, s, buf);
   else
     fwd<FwdSm90Config<T, D, false, false>>(tag, s, buf);
+#endif
 }
 
 int main(int argc, char** argv) {
   std::vector<TrainShape> shapes;
-  for (int d : {64, 96, 128, 192, 256})
+  for (int d : kTuneHeadDims)
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
   uint32_t seed = 1;  // the same inputs in every process (TUNE_CHECKSUM compares two)
-  for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o}) {
+  for (T** x : {&buf.q, &buf.k, &buf.v}) {
     check_cuda(cudaMalloc(x, elems * sizeof(T)), "cudaMalloc");
     fill<<<1024, 256>>>(*x, elems, 0x9e3779b9u * seed++);
   }
+  check_cuda(cudaMalloc(&buf.o, elems * sizeof(__nv_bfloat16)), "cudaMalloc");
+  fill<<<1024, 256>>>(buf.o, elems, 0x9e3779b9u * seed++);
   check_cuda(cudaMalloc(&buf.lse, (size_t)16384 * 32 * 4), "cudaMalloc");
+  buf.workspace = nullptr;
+#if defined(TUNE_FP8)
+  check_cuda(cudaMalloc(&buf.workspace, elems), "cudaMalloc");  // V^T: B x Hk x D x S bytes
+#endif
   for (const TrainShape& s : shapes) {
 #if defined(TUNE_DISPATCHED)
     const char* tag = argc > 1 ? argv[1] : "dispatched";
     if (s.D == 64) dispatched<64>(tag, s, buf);
-    if (s.D == 96) dispatched<96>(tag, s, buf);
     if (s.D == 128) dispatched<128>(tag, s, buf);
-    if (s.D == 192) dispatched<192>(tag, s, buf);
     if (s.D == 256) dispatched<256>(tag, s, buf);
+#if !defined(TUNE_FP8)
+    if (s.D == 96) dispatched<96>(tag, s, buf);
+    if (s.D == 192) dispatched<192>(tag, s, buf);
+#endif
+#elif defined(TUNE_FP8)
+    (void)argc, (void)argv;
+#if !defined(TUNE_D) || TUNE_D == 64
+    FWD_FP8(64, 128, 128);
+    FWD_FP8(64, 128, 192);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 128
+    FWD_FP8(128, 128, 128);
+    FWD_FP8(128, 128, 192);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 256
+    FWD_FP8(256, 128, 128);
+#endif
 #else
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);

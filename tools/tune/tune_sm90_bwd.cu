@@ -26,17 +26,7 @@ template <int D>
 void run(const TrainShape& s, Buffers& buf) {
   if (D != s.D) return;
   const int B = s.B(), H = s.H();
-  auto view = [&](T* x) { return fmha_tensor{x, (int64_t)s.S * H * s.D, (int64_t)H * s.D, s.D}; };
-  fmha_problem pr{};
-  pr.dtype = FMHA_DTYPE_BFLOAT16;
-  pr.batch = B;
-  pr.seqlen_q = pr.seqlen_k = s.S;
-  pr.num_heads_q = pr.num_heads_k = H;
-  pr.head_dim = s.D;
-  pr.scale = 1.f / sqrtf((float)s.D);
-  pr.window_left = -1;
-  pr.window_right = s.causal ? 0 : -1;
-  pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+  fmha_problem pr = s.problem(FMHA_DTYPE_BFLOAT16);
 #ifdef TUNE_SCOREMOD
   constexpr bool kScoreMod = true;
   pr.softcap = 30.f;
@@ -47,7 +37,7 @@ void run(const TrainShape& s, Buffers& buf) {
   f.struct_size = sizeof(f);
   f.device = FMHA_DEVICE_CUDA;
   f.problem = pr;
-  f.q = view(buf.q), f.k = view(buf.k), f.v = view(buf.v), f.out = view(buf.o);
+  f.q = s.view(buf.q), f.k = s.view(buf.k), f.v = s.view(buf.v), f.out = s.view(buf.o);
   f.lse = buf.lse;
   using Fwd = FwdSm90Config<T, D, kScoreMod>;
   const float fwd_ms = time_ms([&] { run_fwd_sm90<Fwd>(f, 0); }, 30);
@@ -55,8 +45,8 @@ void run(const TrainShape& s, Buffers& buf) {
   p.struct_size = sizeof(p);
   p.device = FMHA_DEVICE_CUDA;
   p.problem = pr;
-  p.q = f.q, p.k = f.k, p.v = f.v, p.out = f.out, p.dout = view(buf.dout);
-  p.dq = view(buf.dq), p.dk = view(buf.dk), p.dv = view(buf.dv);
+  p.q = f.q, p.k = f.k, p.v = f.v, p.out = f.out, p.dout = s.view(buf.dout);
+  p.dq = s.view(buf.dq), p.dk = s.view(buf.dk), p.dv = s.view(buf.dv);
   p.lse = buf.lse;
   using Bwd = BwdSm90Config<T, D, kScoreMod>;
   const float bwd_ms = time_ms([&] {
