@@ -57,9 +57,11 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
   p.problem = s.problem(kDtype);
   p.q = s.view(buf.q), p.k = s.view(buf.k), p.v = s.view(buf.v), p.out = s.view(buf.o);
   p.lse = buf.lse;
+#if defined(TUNE_FP8)
+  p.workspace = buf.workspace, p.workspace_size = fwd_fp8_workspace_size(p.problem);
+#endif
   const float ms = time_ms([&] {
 #if defined(TUNE_FP8)
-    p.workspace = buf.workspace, p.workspace_size = fwd_fp8_workspace_size(p.problem);
     fp8_v_transpose(p, 0);
 #endif
     if (!run_fwd_sm90<K>(p, 0)) std::printf("tensor maps refused\n"), std::exit(1);
