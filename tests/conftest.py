@@ -87,6 +87,23 @@ def other_device_available():
 # ----------------------------------------------------------------------------------------
 
 
+def kernels_launched(fn, force_mma_sync=False):
+    """Output of fn() and the names of the fmha CUDA kernels it launched, with
+    FMHA_FORCE_MMA_SYNC set as asked (whatever the suite runs under)."""
+    old = os.environ.get("FMHA_FORCE_MMA_SYNC")
+    os.environ["FMHA_FORCE_MMA_SYNC"] = "1" if force_mma_sync else "0"
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = fn()
+            torch.cuda.synchronize()
+    finally:
+        if old is None:
+            del os.environ["FMHA_FORCE_MMA_SYNC"]
+        else:
+            os.environ["FMHA_FORCE_MMA_SYNC"] = old
+    return out, {e.name for e in prof.events() if "fmha" in e.name}
+
+
 def randn(*shape, dtype=torch.float16, device="cpu", scale=1.0):
     """Normal random tensor, drawn on the CPU in fp32 and then moved and rounded, so the
     same seed gives the same values on every device (GPU results are compared with the CPU

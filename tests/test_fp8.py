@@ -20,8 +20,8 @@ import torch
 
 import fmha
 from fmha import _C, _checks, ops
-from conftest import (GPU_USABLE, assert_lse_close, assert_zero_where, empty_query_rows, poison_memory,
-                      poisoned_outputs)
+from conftest import (GPU_USABLE, assert_lse_close, assert_zero_where, empty_query_rows, kernels_launched,
+                      poison_memory, poisoned_outputs)
 from reference import attention_ref
 
 FP8 = torch.float8_e4m3fn
@@ -450,6 +450,31 @@ def test_cuda_fp8_seqlens(sq, sk, causal):
     check_fp8(out, lse, q8, k8, v8, (qd, kd, vd), causal=causal)
 
 
+# The tile by the keys a tile sees (seqlen_k, half of it under a mask; FwdSm90Fp8Tile's
+# kLongKeys and kNLong): 192-key blocks from 2048 at D = 64 (2100 % 192 = 180 live keys in
+# the last block) and from 4096 at D = 128 (4200 % 192 = 168), 128-key blocks below, with
+# and without softcap (the score-mod instance), and under a window (masked: twice the keys).
+FP8_TILES = {"d64": (64, {}, 2100, "64, 128, 192"), "d64_softcap": (64, dict(softcap=20.0), 2100, "64, 128, 192"),
+             "d64_short": (64, {}, 2000, "64, 128, 128"), "d128": (128, {}, 4200, "128, 128, 192"),
+             "d128_softcap": (128, dict(softcap=20.0), 4200, "128, 128, 192"),
+             "d128_window": (128, dict(window_size=(3000, 500)), 4200, "128, 128, 192"),
+             "d128_short": (128, {}, 4000, "128, 128, 128")}
+
+
+@hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(FP8_TILES))
+def test_cuda_fp8_long_tiles(causal, case):
+    d, kw, keys, tile = FP8_TILES[case]
+    if causal and "window_size" in kw:
+        kw = dict(window_size=(kw["window_size"][0], 0))
+    sk = 2 * keys if causal or "window_size" in kw else keys
+    q8, k8, v8, qd, kd, vd = fp8_inputs(1, 300, sk, 4, 2, d, "head")
+    (out, lse), names = kernels_launched(lambda: _run(q8, k8, v8, qd, kd, vd, causal=causal, **kw))
+    assert any("fwd_sm90_kernel" in n and "__nv_fp8_e4m3, " + tile in n for n in names), sorted(names)
+    check_fp8(out, lse, q8, k8, v8, (qd, kd, vd), causal=causal, **kw)
+
+
 HEAD_DIMS = [40, 64, 72, 80, 96, 128, 192, 256]
 
 
@@ -520,12 +545,15 @@ def test_cuda_fp8_descale_forms_agree():
 @hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["tensor", "head"])
+@pytest.mark.parametrize("keys", ["short", "long"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_cuda_fp8_varlen(d, mode, causal):
+def test_cuda_fp8_varlen(d, keys, mode, causal):
     # Sequences of q and k lengths with an empty one on each side (no queries; no keys: its
-    # rows are 0 with LSE -inf), lengths around the tile sizes, and more queries than keys.
+    # rows are 0 with LSE -inf), lengths around the tile sizes, and more queries than keys;
+    # "long": a max_seqlen_k that takes the long tiles (FwdSm90Fp8Tile: D = 64 both ways,
+    # D = 128 without the mask) for every sequence of the batch.
     lens_q = [17, 0, 129, 1000, 5, 300]
-    lens_k = [33, 7, 0, 1000, 128, 129]
+    lens_k = [33, 7, 0, 1000, 128, 129] if keys == "short" else [33, 7, 0, 4300, 128, 2129]
     cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0).to(torch.int32)
     q8, k8, v8, qd, kd, vd = fp8_inputs(len(lens_q), 0, 0, 8, 2, d, mode, cu_q=cu_q, cu_k=cu_k)

@@ -7,15 +7,14 @@ once more with FMHA_FORCE_MMA_SYNC=1 to check the mma.sync kernels there (tools/
 does both)."""
 
 import itertools
-import os
 
 import pytest
 import torch
 
 import fmha
 from fmha import _C
-from conftest import (OUT_TOL, assert_close, check_backward, flash_call, leaf, op_call, poison_memory,
-                      poisoned_outputs, randn, varlen_call)
+from conftest import (OUT_TOL, assert_close, check_backward, flash_call, kernels_launched, leaf, op_call,
+                      poison_memory, poisoned_outputs, randn, varlen_call)
 from reference import attention_ref
 
 
@@ -28,23 +27,6 @@ def _hopper_build():
 
 
 pytestmark = pytest.mark.skipif(not _hopper_build(), reason="needs an sm_90 GPU and a build with sm_90a kernels")
-
-
-def _kernels(fn, force_mma_sync=False):
-    """Output of fn() and the names of the fmha CUDA kernels it launched, with
-    FMHA_FORCE_MMA_SYNC set as asked (whatever the suite runs under)."""
-    old = os.environ.get("FMHA_FORCE_MMA_SYNC")
-    os.environ["FMHA_FORCE_MMA_SYNC"] = "1" if force_mma_sync else "0"
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out = fn()
-            torch.cuda.synchronize()
-    finally:
-        if old is None:
-            del os.environ["FMHA_FORCE_MMA_SYNC"]
-        else:
-            os.environ["FMHA_FORCE_MMA_SYNC"] = old
-    return out, {e.name for e in prof.events() if "fmha" in e.name}
 
 
 def _ran_sm90(names):
@@ -61,9 +43,9 @@ def test_cuda_sm90_and_mma_sync_paths_agree(d, dtype):
     def call():
         return fmha.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
 
-    (out, lse), names = _kernels(call)
+    (out, lse), names = kernels_launched(call)
     assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
-    (out_mma, lse_mma), names_mma = _kernels(call, force_mma_sync=True)
+    (out_mma, lse_mma), names_mma = kernels_launched(call, force_mma_sync=True)
     assert not _ran_sm90(names_mma), f"FMHA_FORCE_MMA_SYNC=1 still ran the sm_90a forward: {sorted(names_mma)}"
     ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=True)
     assert_close(out, ref_out, OUT_TOL[dtype], "out (sm_90a)")
@@ -84,7 +66,7 @@ def test_cuda_calls_the_sm90_forward_does_not_take(case):
         fn = lambda: fmha.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 100, 100, seqused_k=used)  # noqa: E731
     else:
         fn = lambda: fmha.flash_attn_func(q, k, v, dropout_p=0.1 if case == "dropout" else 0.0)  # noqa: E731
-    _, names = _kernels(fn)
+    _, names = kernels_launched(fn)
     assert names and not _ran_sm90(names), sorted(names)
 
 
@@ -109,7 +91,7 @@ def test_cuda_sm90_long_tiles(causal, case):
     q = torch.randn(1, 300, 4, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
-    (out, lse), names = _kernels(
+    (out, lse), names = kernels_launched(
         lambda: fmha.flash_attn_func(q, k, v, causal=causal, softcap=softcap, return_attn_probs=True)[:2])
     assert any("fwd_sm90_kernel" in n and tile in n for n in names), sorted(names)
     ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal, softcap=softcap)
@@ -132,7 +114,7 @@ def _qkv(B, sq, sk, hq, hk, d, dtype=torch.bfloat16, scale=1.0):
 def _check_sm90_backward(q, k, v, call, ref_kwargs):
     """check_backward (float64 reference, poisoned outputs, CPU backend) with the sm_90a
     backward asserted to have run."""
-    res, names = _kernels(lambda: check_backward("cuda", q, k, v, call, ref_kwargs))
+    res, names = kernels_launched(lambda: check_backward("cuda", q, k, v, call, ref_kwargs))
     assert _ran_sm90_bwd(names), f"the sm_90a backward did not run: {sorted(names)}"
     return res
 
@@ -199,7 +181,7 @@ def test_cuda_sm90_backward_gqa_group_split(d, split):
     sk = 1100 if d <= 128 else 700
     batch = 1 if split else -(-2 * sms // ((-(-sk // block_n)) * 4))
     q, k, v = _qkv(batch, 900, sk, 16, 4, d)
-    res, names = _kernels(lambda: check_backward("cuda", q, k, v, flash_call(causal=True), dict(causal=True)))
+    res, names = kernels_launched(lambda: check_backward("cuda", q, k, v, flash_call(causal=True), dict(causal=True)))
     assert _ran_sm90_bwd(names), sorted(names)
     assert any("dkv_reduce_kernel" in n for n in names) == split, sorted(names)
 
@@ -243,13 +225,13 @@ def test_cuda_sm90_backward_deterministic(d, case):
             call(*leaves)[0].backward(dout.cuda())
         return [t.grad.clone() for t in leaves]
 
-    first, names = _kernels(grads)
+    first, names = kernels_launched(grads)
     assert _ran_sm90_bwd(names) and any("dq_convert_kernel" in n for n in names), sorted(names)
     assert not any("bwd_dq_kernel" in n for n in names), sorted(names)
     assert any("dkv_reduce_kernel" in n for n in names) == (case != "full"), sorted(names)
     for _ in range(2):
         poison_memory(*first)
-        again, _ = _kernels(grads)
+        again, _ = kernels_launched(grads)
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
     _check_sm90_backward(q, k, v, call, ref)
@@ -272,5 +254,5 @@ def test_cuda_calls_the_sm90_backward_does_not_take(case):
             out = fmha.flash_attn_func(q, k, v, dropout_p=0.1 if case == "dropout" else 0.0)
         out.sum().backward()
 
-    _, names = _kernels(run)
+    _, names = kernels_launched(run)
     assert any("bwd" in n for n in names) and not _ran_sm90_bwd(names), sorted(names)

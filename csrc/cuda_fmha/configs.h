@@ -94,12 +94,27 @@ using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : F
 template <class T, int D, bool kScoreMod, bool kLong = false>
 using FwdSm90Config = FwdSm90Traits<T, D, kLong ? FwdSm90Tile<D>::kMLong : FwdSm90Tile<D>::kM,
                                     kLong ? FwdSm90Tile<D>::kNLong : FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kStages, kScoreMod>;
-// The fp8 forward (e4m3 in, bf16 out): 128 x 128 tiles at head dims 64, 128, 256 (k-steps
-// of 32 keys; not tuned yet).
-template <int D, bool kScoreMod>
-using FwdSm90Fp8Config = FwdSm90Traits<__nv_fp8_e4m3, D, 128, 128, 2, kScoreMod>;
+// The fp8 forward (e4m3 in, bf16 out; k-steps of 32 keys): 128 x 128 tiles at head dims 64,
+// 128 and 256, and 192-key blocks where a tile sees kLongKeys keys or more (as above).  The
+// V^T pass and the kernel together (tools/tune/tune_sm90.cu -DTUNE_FP8 on an H200): 192 keys
+// at D = 64 +4% at S = 2k, +6% at 4k, +9-11% at 8-16k, 5-8% slower at 512-1k; at D = 128
+// level at 2-4k, +4-7% at 8-16k, 8-12% slower at 512-1k (docs/tuning.md).
+template <int D>
+struct FwdSm90Fp8Tile {
+  static constexpr int kM = 128, kN = 128, kNLong = kN, kLongKeys = 0;
+};
+template <> struct FwdSm90Fp8Tile<64> {
+  static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 2048;
+};
+template <> struct FwdSm90Fp8Tile<128> {
+  static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 4096;
+};
+template <int D, bool kScoreMod, bool kLong = false>
+using FwdSm90Fp8Config = FwdSm90Traits<__nv_fp8_e4m3, D, FwdSm90Fp8Tile<D>::kM,
+                                       kLong ? FwdSm90Fp8Tile<D>::kNLong : FwdSm90Fp8Tile<D>::kN, 2, kScoreMod>;
 static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Fp8Config<256, true>::kSmemBytes <= 232448 &&
+                  FwdSm90Fp8Config<128, true, true>::kSmemBytes <= 232448 &&
                   FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
               "the sm90 forward's tiles must fit 227 KB");
 

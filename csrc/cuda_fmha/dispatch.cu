@@ -414,12 +414,23 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
 int elem_bytes(fmha_dtype t) { return t == FMHA_DTYPE_FLOAT32 ? 4 : t == FMHA_DTYPE_FLOAT8_E4M3 ? 1 : 2; }
 
 // The fp8 forward: V^T into the workspace, then the sm_90a kernel on e4m3 (head dims up to
-// 64, 128 and 256 run the 64, 128 and 256 instances).  It has no mma.sync twin, so
-// FMHA_FORCE_MMA_SYNC does not apply, and other GPUs are told so.
+// 64, 128 and 256 run the 64, 128 and 256 instances; long key ranges take the long tile,
+// FwdSm90Fp8Tile).  It has no mma.sync twin, so FMHA_FORCE_MMA_SYNC does not apply, and
+// other GPUs are told so.
+template <int D, bool kLong>
+bool fwd_fp8_instance(const fmha_fwd_params& p, cudaStream_t s) {
+  return score_mods(p.problem) ? run_fwd_sm90<FwdSm90Fp8Config<D, true, kLong>>(p, s)
+                               : run_fwd_sm90<FwdSm90Fp8Config<D, false, kLong>>(p, s);
+}
+
 template <int D>
 void fwd_fp8_instance(const fmha_fwd_params& p, cudaStream_t s) {
-  const bool ran = score_mods(p.problem) ? run_fwd_sm90<FwdSm90Fp8Config<D, true>>(p, s)
-                                         : run_fwd_sm90<FwdSm90Fp8Config<D, false>>(p, s);
+  bool ran;
+  if constexpr (FwdSm90Fp8Tile<D>::kNLong != FwdSm90Fp8Tile<D>::kN)
+    ran = tile_keys(p.problem) >= FwdSm90Fp8Tile<D>::kLongKeys ? fwd_fp8_instance<D, true>(p, s)
+                                                                : fwd_fp8_instance<D, false>(p, s);
+  else
+    ran = fwd_fp8_instance<D, false>(p, s);
   if (!ran)
     FMHA_UNSUPPORTED("the copy engine cannot describe q, k or v of this fp8 call (every stride must be positive "
                      "and below 2^40 bytes)");

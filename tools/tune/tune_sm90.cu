@@ -3,7 +3,7 @@
 // run on the GPU machine:
 //   nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a [-DTUNE_D=128] \
 //        -Icsrc -Icsrc/include tools/tune/tune_sm90.cu csrc/cuda_fmha/tma.cu -o /tmp/tune90 && /tmp/tune90
-// TUNE_D builds one head dim's candidates only (64, 96, 128, 192 or 256), so that several
+// TUNE_D builds and times one head dim only (64, 96, 128, 192 or 256), so that several
 // builds can run side by side; TUNE_GRID=pairs launches one CTA per pair of tiles instead
 // of the persistent grid.  -DTUNE_DISPATCHED times, instead of the candidates, the tiles
 // the library dispatches (FwdSm90Config, its long tiles where a tile sees
@@ -13,7 +13,7 @@
 // that two trees whose kernels must compute the same values can be compared bitwise.
 // -DTUNE_FP8 times the fp8 (e4m3) forward instead, as a call runs it: the V^T pass
 // (fp8_v_transpose; add csrc/cuda_fmha/fwd_fp8.cu to the build) and the kernel together,
-// its candidates 128- and 192-key blocks at D = 64/128 (built, not yet run on a GPU).
+// its candidates 128- and 192-key blocks at D = 64/128.
 // Numbers compare configurations with each other; the benchmark (python -m fmha.bench)
 // compares fmha with its peers.
 #include <vector>
@@ -88,7 +88,10 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 template <int D>
 void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
 #if defined(TUNE_FP8)
-  fwd<FwdSm90Fp8Config<D, false>>(tag, s, buf);
+  if (FwdSm90Fp8Tile<D>::kNLong != FwdSm90Fp8Tile<D>::kN && (s.causal ? s.S / 2 : s.S) >= FwdSm90Fp8Tile<D>::kLongKeys)
+    fwd<FwdSm90Fp8Config<D, false, true>>(tag, s, buf);
+  else
+    fwd<FwdSm90Fp8Config<D, false>>(tag, s, buf);
 #else
   if (kFwdSm90HasLong<D> && (s.causal ? s.S / 2 : s.S) >= FwdSm90Tile<D>::kLongKeys)
     fwd<FwdSm90Config<T, D, false, true>>(tag, s, buf);
@@ -100,6 +103,9 @@ void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
 int main(int argc, char** argv) {
   std::vector<TrainShape> shapes;
   for (int d : kTuneHeadDims)
+#if defined(TUNE_D)
+    if (d == TUNE_D)
+#endif
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 8192, 16384}) shapes.push_back({S, d, causal});
   const size_t elems = (size_t)16384 * 2048;
@@ -119,11 +125,19 @@ int main(int argc, char** argv) {
   for (const TrainShape& s : shapes) {
 #if defined(TUNE_DISPATCHED)
     const char* tag = argc > 1 ? argv[1] : "dispatched";
+#if !defined(TUNE_D) || TUNE_D == 64
     if (s.D == 64) dispatched<64>(tag, s, buf);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 128
     if (s.D == 128) dispatched<128>(tag, s, buf);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 256
     if (s.D == 256) dispatched<256>(tag, s, buf);
-#if !defined(TUNE_FP8)
+#endif
+#if !defined(TUNE_FP8) && (!defined(TUNE_D) || TUNE_D == 96)
     if (s.D == 96) dispatched<96>(tag, s, buf);
+#endif
+#if !defined(TUNE_FP8) && (!defined(TUNE_D) || TUNE_D == 192)
     if (s.D == 192) dispatched<192>(tag, s, buf);
 #endif
 #elif defined(TUNE_FP8)
@@ -131,10 +145,12 @@ int main(int argc, char** argv) {
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD_FP8(64, 128, 128);
     FWD_FP8(64, 128, 192);
+    FWD_FP8(64, 128, 256);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 128
     FWD_FP8(128, 128, 128);
     FWD_FP8(128, 128, 192);
+    FWD_FP8(128, 128, 256);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD_FP8(256, 128, 128);

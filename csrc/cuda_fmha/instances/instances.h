@@ -241,9 +241,13 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false, true>
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Fp8Config<128, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<128, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90Fp8Config<128, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<256, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_bwd_sm90<BwdSm90Config<__half, 64, false>>(const fmha_bwd_params&, float*, const float*, float*, int, int*, int, cudaStream_t);
