@@ -451,11 +451,11 @@ def test_cuda_fp8_seqlens(sq, sk, causal):
 
 
 # The tile by the keys a tile sees (seqlen_k, half of it under a mask; FwdSm90Fp8Tile's
-# kLongKeys and kNLong): 192-key blocks from 2048 at D = 64 (2100 % 192 = 180 live keys in
-# the last block) and from 4096 at D = 128 (4200 % 192 = 168), 128-key blocks below, with
+# kLongKeys and kNLong): 256-key blocks from 1024 at D = 64 (1100 % 256 = 76 live keys in
+# the last block), 192-key blocks from 4096 at D = 128 (4200 % 192 = 168), 128 below, with
 # and without softcap (the score-mod instance), and under a window (masked: twice the keys).
-FP8_TILES = {"d64": (64, {}, 2100, "64, 128, 192"), "d64_softcap": (64, dict(softcap=20.0), 2100, "64, 128, 192"),
-             "d64_short": (64, {}, 2000, "64, 128, 128"), "d128": (128, {}, 4200, "128, 128, 192"),
+FP8_TILES = {"d64": (64, {}, 1100, "64, 128, 256"), "d64_softcap": (64, dict(softcap=20.0), 1100, "64, 128, 256"),
+             "d64_short": (64, {}, 1000, "64, 128, 128"), "d128": (128, {}, 4200, "128, 128, 192"),
              "d128_softcap": (128, dict(softcap=20.0), 4200, "128, 128, 192"),
              "d128_window": (128, dict(window_size=(3000, 500)), 4200, "128, 128, 192"),
              "d128_short": (128, {}, 4000, "128, 128, 128")}

@@ -95,16 +95,18 @@ template <class T, int D, bool kScoreMod, bool kLong = false>
 using FwdSm90Config = FwdSm90Traits<T, D, kLong ? FwdSm90Tile<D>::kMLong : FwdSm90Tile<D>::kM,
                                     kLong ? FwdSm90Tile<D>::kNLong : FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kStages, kScoreMod>;
 // The fp8 forward (e4m3 in, bf16 out; k-steps of 32 keys): 128 x 128 tiles at head dims 64,
-// 128 and 256, and 192-key blocks where a tile sees kLongKeys keys or more (as above).  The
-// V^T pass and the kernel together (tools/tune/tune_sm90.cu -DTUNE_FP8 on an H200): 192 keys
-// at D = 64 +4% at S = 2k, +6% at 4k, +9-11% at 8-16k, 5-8% slower at 512-1k; at D = 128
-// level at 2-4k, +4-7% at 8-16k, 8-12% slower at 512-1k (docs/tuning.md).
+// 128 and 256, and longer key blocks where a tile sees kLongKeys keys or more (as above).
+// The V^T pass and the kernel together (tools/tune/tune_sm90.cu -DTUNE_FP8 on an H200,
+// docs/tuning.md): at D = 64 256 keys, +8-9% at S = 512-1k and +12-17% from 2k unmasked,
+// under a causal mask 2-7% slower at 512-1k and +4-16% from 2k (192 keys: 1-5 points
+// behind 256 everywhere); at D = 128 192 keys, level at 2-4k, +3-6% at 8-16k, 8-12% slower
+// at 512-1k (256 keys spill 144 B and ran 0.86-1.01x).
 template <int D>
 struct FwdSm90Fp8Tile {
   static constexpr int kM = 128, kN = 128, kNLong = kN, kLongKeys = 0;
 };
 template <> struct FwdSm90Fp8Tile<64> {
-  static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 2048;
+  static constexpr int kM = 128, kN = 128, kNLong = 256, kLongKeys = 1024;
 };
 template <> struct FwdSm90Fp8Tile<128> {
   static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 4096;
