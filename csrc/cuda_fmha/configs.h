@@ -3,6 +3,7 @@
 // in tools/tune/tune_kernels.cu (docs/tuning.md).  All fit sm80/sm90 shared memory.
 #pragma once
 
+#include "../common/build_options.h"
 #include "bwd_kernel.h"
 #include "bwd_sm90_kernel.h"
 #include "decode_kernel.h"
@@ -12,8 +13,8 @@
 namespace fmha {
 namespace cuda {
 
-// Head dimensions with kernels; others run padded to the next one (multiple of 8 first).
-constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
+// Head dimensions with kernels: kHeadDims (common/build_options.h); others run padded to the
+// next one (multiple of 8 first), as do head dims a reduced build leaves out.
 
 // kNLong is the key block for query tiles that see kFwdLongKeys keys or more (dispatch.cu
 // counts seqlen_k without a mask, half of it with one).  It differs only at D = 64: blocks of

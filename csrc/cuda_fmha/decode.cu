@@ -30,9 +30,10 @@ void with_types(const fmha_decode_params& p, F&& f) {
 // Whether p runs the wide 8-bit kernel (DecodeWideConfig): 8-bit cache, D <= 128, and a
 // device that lets a block opt in to its shared memory (sm90, sm100; not sm80 or 99 KB parts).
 bool use_wide(const fmha_decode_params& p) {
-  if (!quantized_cache(p) || p.head_dim > 128) return false;
-  const int need = p.head_dim <= 64 ? DecodeWideConfig<__half, CacheKind::kFp8, 64>::kSmemBytes
-                                    : DecodeWideConfig<__half, CacheKind::kFp8, 128>::kSmemBytes;
+  const int d = kernel_head_dim(p.head_dim, kDecodeHeadDims);
+  if (!quantized_cache(p) || d == 0 || d > 128) return false;
+  const int need = d == 64 ? DecodeWideConfig<__half, CacheKind::kFp8, 64>::kSmemBytes
+                           : DecodeWideConfig<__half, CacheKind::kFp8, 128>::kSmemBytes;
   return device_smem_optin() >= need;
 }
 
@@ -45,9 +46,7 @@ void with_width(const fmha_decode_params& p, F&& f) {
 }
 template <class T, CacheKind C, class F>
 void with_dim(const fmha_decode_params& p, F&& f) {
-  if (p.head_dim <= 64) return with_width<T, C, 64>(p, f);
-  if (p.head_dim <= 128) return with_width<T, C, 128>(p, f);
-  return f(DecodeConfig<T, C, 256>{});
+  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim), [&](auto d) { with_width<T, C, decltype(d)::value>(p, f); });
 }
 
 // f(DecodeConfig{}) for p, whose queries are fp16/bf16.
@@ -68,8 +67,8 @@ void with_config(const fmha_decode_params& p, F&& f) {
 // against 2.85 with one, and fp8 B = 8, L = 32k at 3.3 TB/s with three 4-warp CTAs against
 // 1.8 with one (the wide kernel: docs/tuning.md, "The wide 8-bit kernel").
 DecodePlan plan(const fmha_decode_params& p) {
-  const bool quant = quantized_cache(p);
-  const int per_sm = quant ? (p.head_dim <= 128 ? (use_wide(p) ? 1 : 3) : 2) : p.block_table != nullptr ? 2 : 1;
+  const bool quant = quantized_cache(p), narrow = kernel_head_dim(p.head_dim, kDecodeHeadDims) <= 128;
+  const int per_sm = quant ? (narrow ? (use_wide(p) ? 1 : 3) : 2) : p.block_table != nullptr ? 2 : 1;
   return DecodePlan::make(p, (int64_t)p.batch * p.num_heads_k * DecodeWork::m_tiles(p, kDecodeRows),
                           (int64_t)device_sm_count() * per_sm, quant ? 16 : 8);
 }

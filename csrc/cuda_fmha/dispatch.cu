@@ -79,11 +79,14 @@ constexpr int kThreadsRow = 32 * kRowWarps;
 
 int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-int padded_head_dim(int d) {
-  for (int hd : kHeadDims)
-    if (d <= hd) return hd;
-  return 0;  // unreachable: validate() bounds head_dim by FMHA_MAX_HEAD_DIM
-}
+// The mma.sync kernels' head dim for d (the next built one; an error past the largest).
+int padded_head_dim(int d) { return require_kernel_head_dim(d, kHeadDims, "CUDA"); }
+
+// The sm_90a forward's and backward's head dims (65-96 run the backward's 128 kernel), and
+// the fp8 forward's (unused in builds without sm_90a or the backward).
+[[maybe_unused]] constexpr int kSm90FwdHeadDims[] = {64, 96, 128, 192, 256};
+[[maybe_unused]] constexpr int kSm90BwdHeadDims[] = {64, 128, 192, 256};
+[[maybe_unused]] constexpr int kFp8HeadDims[] = {64, 128, 256};
 
 int64_t q_rows(const fmha_problem& p) {
   return p.cu_seqlens_q ? (int64_t)p.total_q : (int64_t)p.batch * p.seqlen_q;
@@ -159,13 +162,11 @@ bool fwd_sm90(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* page
   if (pr.dropout_p > 0.f || (pr.seqused_k != nullptr && pages == nullptr) || pr.head_dim <= 32 ||
       device_cc_major() != 9 || mma_sync_forced())
     return false;
-  switch (padded_head_dim(pr.head_dim)) {
-    case 64: return fwd_sm90_instance<T, 64>(p, s, pages);
-    case 96: return fwd_sm90_instance<T, 96>(p, s, pages);
-    case 128: return fwd_sm90_instance<T, 128>(p, s, pages);
-    case 192: return fwd_sm90_instance<T, 192>(p, s, pages);
-    default: return fwd_sm90_instance<T, 256>(p, s, pages);
-  }
+  bool ran = false;
+  with_head_dim<64, 96, 128, 192, 256>(kernel_head_dim(pr.head_dim, kSm90FwdHeadDims), [&](auto d) {
+    ran = fwd_sm90_instance<T, decltype(d)::value>(p, s, pages);
+  });
+  return ran;
 #else
   (void)p, (void)s, (void)pages;
   return false;
@@ -175,14 +176,8 @@ bool fwd_sm90(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* page
 template <class T>
 void fwd_tensor_core(const fmha_fwd_params& p, cudaStream_t s) {
   if (fwd_sm90<T>(p, s)) return;
-  switch (padded_head_dim(p.problem.head_dim)) {
-    case 32: return fwd_instance<T, 32>(p, s);
-    case 64: return fwd_instance<T, 64>(p, s);
-    case 96: return fwd_instance<T, 96>(p, s);
-    case 128: return fwd_instance<T, 128>(p, s);
-    case 192: return fwd_instance<T, 192>(p, s);
-    default: return fwd_instance<T, 256>(p, s);
-  }
+  with_head_dim<32, 64, 96, 128, 192, 256>(padded_head_dim(p.problem.head_dim),
+                                           [&](auto d) { fwd_instance<T, decltype(d)::value>(p, s); });
 }
 
 // The 99 KB tiles where the device cannot hold the regular ones (or everywhere, in a build
@@ -217,13 +212,10 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
 
-// The head dim of the sm_90a backward kernel a call runs: the padded one, but 128 for 96
-// (there is no 96 instance: columns 96-127 of Q, dO, K and V come in as zeros from the copy
-// engine and dK, dV, dQ are stored inside head_dim).
-int bwd_sm90_head_dim(const fmha_problem& pr) {
-  const int d = padded_head_dim(pr.head_dim);
-  return d == 96 ? 128 : d;
-}
+// The head dim of the sm_90a backward kernel a call runs (0: none built): the padded one,
+// but 128 for 65-96 (there is no 96 instance: columns 96-127 of Q, dO, K and V come in as
+// zeros from the copy engine and dK, dV, dQ are stored inside head_dim).
+int bwd_sm90_head_dim(const fmha_problem& pr) { return kernel_head_dim(pr.head_dim, kSm90BwdHeadDims); }
 
 // Whether the sm_90a backward (wgmma, TMA) takes the call: compute capability 9.0, fp16/bf16,
 // head dims 33-256, no dropout or seqused_k, FMHA_FORCE_MMA_SYNC unset.  It runs dK and dV,
@@ -231,7 +223,8 @@ int bwd_sm90_head_dim(const fmha_problem& pr) {
 bool bwd_sm90_takes(const fmha_problem& pr) {
 #ifdef FMHA_WITH_SM90A
   return pr.dtype != FMHA_DTYPE_FLOAT32 && pr.dropout_p == 0.f && pr.seqused_k == nullptr &&
-         padded_head_dim(pr.head_dim) != 32 && device_cc_major() == 9 && !mma_sync_forced();
+         padded_head_dim(pr.head_dim) != 32 && bwd_sm90_head_dim(pr) != 0 && device_cc_major() == 9 &&
+         !mma_sync_forced();
 #else
   (void)pr;
   return false;
@@ -272,7 +265,7 @@ int dq_lock_blocks(const fmha_problem& pr) { return (int)ceil_div(pr.seqlen_q, 6
 size_t dq_lock_bytes(const fmha_problem& pr) {
   return ((size_t)pr.batch * pr.num_heads_q * dq_lock_blocks(pr) * 4 + 15) / 16 * 16;
 }
-int* dq_locks(const fmha_problem& pr, float* dq_accum) {
+[[maybe_unused]] int* dq_locks(const fmha_problem& pr, float* dq_accum) {
   return reinterpret_cast<int*>(dq_accum + q_rows(pr) * pr.num_heads_q * dq_accum_cols(pr));
 }
 
@@ -292,13 +285,11 @@ template <class T>
 bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
 #ifdef FMHA_WITH_SM90A
   if (!bwd_sm90_takes(p.problem)) return false;
-  switch (bwd_sm90_head_dim(p.problem)) {
-    case 64: return bwd_sm90_instance<T, 64>(p, dq_accum, delta, dkv_part, s);
-    case 128: return bwd_sm90_instance<T, 128>(p, dq_accum, delta, dkv_part, s);
-    case 192: return bwd_sm90_instance<T, 192>(p, dq_accum, delta, dkv_part, s);
-    case 256: return bwd_sm90_instance<T, 256>(p, dq_accum, delta, dkv_part, s);
-    default: return false;
-  }
+  bool ran = false;
+  with_head_dim<64, 128, 192, 256>(bwd_sm90_head_dim(p.problem), [&](auto d) {
+    ran = bwd_sm90_instance<T, decltype(d)::value>(p, dq_accum, delta, dkv_part, s);
+  });
+  return ran;
 #else
   (void)p, (void)dq_accum, (void)delta, (void)dkv_part, (void)s;
   return false;
@@ -311,14 +302,9 @@ bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, flo
 template <class T>
 int bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
   if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return bwd_sm90_head_dim(p.problem);
-  switch (padded_head_dim(p.problem.head_dim)) {
-    case 32: bwd_features<T, 32>(p, dq_accum, delta, s); break;
-    case 64: bwd_features<T, 64>(p, dq_accum, delta, s); break;
-    case 96: bwd_features<T, 96>(p, dq_accum, delta, s); break;
-    case 128: bwd_features<T, 128>(p, dq_accum, delta, s); break;
-    case 192: bwd_features<T, 192>(p, dq_accum, delta, s); break;
-    default: bwd_features<T, 256>(p, dq_accum, delta, s); break;
-  }
+  with_head_dim<32, 64, 96, 128, 192, 256>(padded_head_dim(p.problem.head_dim), [&](auto d) {
+    bwd_features<T, decltype(d)::value>(p, dq_accum, delta, s);
+  });
   return p.deterministic ? 0 : padded_head_dim(p.problem.head_dim);
 }
 
@@ -348,14 +334,14 @@ void fwd_typed(const fmha_fwd_params& p, cudaStream_t s) {
 // Workspace: delta (LSE layout) then the fp32 dQ accumulator, for the 16-bit kernels but
 // the mma.sync ones in deterministic mode, followed there by the turn counters of the
 // sm_90a kernel's deterministic dQ.
-size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
-size_t dq_accum_bytes(const fmha_bwd_params& p) {
+[[maybe_unused]] size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
+[[maybe_unused]] size_t dq_accum_bytes(const fmha_bwd_params& p) {
   const fmha_problem& pr = p.problem;
   if (pr.dtype == FMHA_DTYPE_FLOAT32 || (p.deterministic && !bwd_sm90_takes(pr))) return 0;
   return (size_t)q_rows(pr) * pr.num_heads_q * dq_accum_cols(pr) * 4 + (p.deterministic ? dq_lock_bytes(pr) : 0);
 }
 // After it, for the sm_90a backward with a split GQA group, the fp32 shares of dK and dV.
-size_t dkv_part_bytes(const fmha_bwd_params& p) {
+[[maybe_unused]] size_t dkv_part_bytes(const fmha_bwd_params& p) {
   if (!bwd_sm90_takes(p.problem)) return 0;
   return bwd_sm90_dkv_part_bytes(p.problem, bwd_sm90_splits(p.problem, device_sm_count()));
 }
@@ -449,12 +435,9 @@ void fwd_fp8(const fmha_fwd_params& p, cudaStream_t s) {
   FMHA_REQUIRE(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, "workspace must be 16-byte aligned (got %p)",
                p.workspace);
   if (pr.batch == 0 || pr.seqlen_q == 0 || (pr.cu_seqlens_q != nullptr && pr.total_q == 0)) return;
+  const int d = require_kernel_head_dim(pr.head_dim, kFp8HeadDims, "fp8 forward");
   fp8_v_transpose(p, s);
-  switch (pr.head_dim <= 64 ? 64 : pr.head_dim <= 128 ? 128 : 256) {
-    case 64: fwd_fp8_instance<64>(p, s); break;
-    case 128: fwd_fp8_instance<128>(p, s); break;
-    default: fwd_fp8_instance<256>(p, s); break;
-  }
+  with_head_dim<64, 128, 256>(d, [&](auto dd) { fwd_fp8_instance<decltype(dd)::value>(p, s); });
   if (pr.cu_seqlens_q != nullptr && pr.total_q > 0) {
     zero_outside_kernel<__nv_bfloat16><<<dim3(ceil_div(pr.total_q, kRowWarps), pr.num_heads_q), kThreadsRow, 0, s>>>(
         p.out, p.lse, pr.cu_seqlens_q, pr.batch, pr.total_q, pr.head_dim);
@@ -526,6 +509,13 @@ bool fwd_paged_sm90(const fmha_decode_params& d, cudaStream_t s) {
   return d.dtype == FMHA_DTYPE_FLOAT16 ? fwd_sm90<__half>(p, s, &pages) : fwd_sm90<__nv_bfloat16>(p, s, &pages);
 }
 
+// A build without the backward (FMHA_ENABLE_BACKWARD=OFF) compiles none of its kernels.
+#ifdef FMHA_NO_BACKWARD
+size_t bwd_workspace_size(const fmha_bwd_params&) {
+  FMHA_UNSUPPORTED("this build of fmha has no backward kernels (built with FMHA_ENABLE_BACKWARD=OFF)");
+}
+void bwd(const fmha_bwd_params& p, void* stream) { (void)bwd_workspace_size(p), (void)stream; }
+#else
 size_t bwd_workspace_size(const fmha_bwd_params& p) {
   return delta_bytes(p.problem) + dq_accum_bytes(p) + dkv_part_bytes(p);
 }
@@ -544,12 +534,13 @@ void bwd(const fmha_bwd_params& p, void* stream) {
     default: return bwd_typed<float>(p, s);
   }
 }
+#endif
 
 void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
-  caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE;
+  caps->max_head_dim = max_built_head_dim(kHeadDims);
+  caps->features = build_features();
   snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_CUDA_ARCH_LIST);
 }
 

@@ -6,6 +6,7 @@
 // them on MI200/MI300 hardware is future work.
 #pragma once
 
+#include "../common/build_options.h"
 #include "bwd_dq_kernel.h"
 #include "bwd_kernel.h"
 #include "decode_kernel.h"
@@ -14,8 +15,8 @@
 namespace fmha {
 namespace hip {
 
-// Head dimensions with kernels; others run padded to the next one (multiple of 8 first).
-constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
+// Head dimensions with kernels: kHeadDims (common/build_options.h); others run padded to the
+// next one (multiple of 8 first), as do head dims a reduced build leaves out.
 
 // Forward and deterministic dQ: N (MFMA shape = queries per wave) and kBlockN (keys per
 // LDS block).  Large head dims take the 16x16 shape: 16 queries per wave halve the

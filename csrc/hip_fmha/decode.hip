@@ -28,12 +28,10 @@ void with_types(const fmha_decode_params& p, F&& f) {
 }
 
 // f(DecodeConfig{}) of the matrix-core kernel for p (fp16/bf16 queries); head dims pad to
-// the next instance.
+// the next instance (decode_head_dim).
 template <class T, CacheKind C, class F>
 void with_dim(const fmha_decode_params& p, F&& f) {
-  if (p.head_dim <= 64) return f(DecodeConfig<T, C, 64>{});
-  if (p.head_dim <= 128) return f(DecodeConfig<T, C, 128>{});
-  return f(DecodeConfig<T, C, 256>{});
+  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim), [&](auto d) { f(DecodeConfig<T, C, decltype(d)::value>{}); });
 }
 
 // f(DecodeConfig{}) for p, whose queries are fp16/bf16.

@@ -58,11 +58,8 @@ namespace {
 
 int ceil_div64(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-int padded_head_dim(int d) {
-  for (int hd : kHeadDims)
-    if (d <= hd) return hd;
-  return 0;  // unreachable: validate() bounds head_dim by FMHA_MAX_HEAD_DIM
-}
+// The matrix-core kernels' head dim for d (the next built one; an error past the largest).
+int padded_head_dim(int d) { return require_kernel_head_dim(d, kHeadDims, "HIP"); }
 
 int64_t q_rows(const fmha_problem& p) {
   return p.cu_seqlens_q ? (int64_t)p.total_q : (int64_t)p.batch * p.seqlen_q;
@@ -79,14 +76,8 @@ void fwd_instance(const fmha_fwd_params& p, hipStream_t s) {
 
 template <class T>
 void fwd_matrix_core(const fmha_fwd_params& p, hipStream_t s) {
-  switch (padded_head_dim(p.problem.head_dim)) {
-    case 32: return fwd_instance<T, 32>(p, s);
-    case 64: return fwd_instance<T, 64>(p, s);
-    case 96: return fwd_instance<T, 96>(p, s);
-    case 128: return fwd_instance<T, 128>(p, s);
-    case 192: return fwd_instance<T, 192>(p, s);
-    default: return fwd_instance<T, 256>(p, s);
-  }
+  with_head_dim<32, 64, 96, 128, 192, 256>(padded_head_dim(p.problem.head_dim),
+                                           [&](auto d) { fwd_instance<T, decltype(d)::value>(p, s); });
 }
 
 template <class T, int D, bool kDropout, bool kScoreMod>
@@ -106,14 +97,9 @@ void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta,
 
 template <class T>
 void bwd_matrix_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, hipStream_t s) {
-  switch (padded_head_dim(p.problem.head_dim)) {
-    case 32: return bwd_features<T, 32>(p, dq_accum, delta, s);
-    case 64: return bwd_features<T, 64>(p, dq_accum, delta, s);
-    case 96: return bwd_features<T, 96>(p, dq_accum, delta, s);
-    case 128: return bwd_features<T, 128>(p, dq_accum, delta, s);
-    case 192: return bwd_features<T, 192>(p, dq_accum, delta, s);
-    default: return bwd_features<T, 256>(p, dq_accum, delta, s);
-  }
+  with_head_dim<32, 64, 96, 128, 192, 256>(padded_head_dim(p.problem.head_dim), [&](auto d) {
+    bwd_features<T, decltype(d)::value>(p, dq_accum, delta, s);
+  });
 }
 
 dim3 row_grid(int64_t rows, int heads, int batch) { return dim3(ceil_div64(rows, kRowWaves), heads, batch); }
@@ -215,6 +201,13 @@ void fwd(const fmha_fwd_params& p, void* stream) {
   }
 }
 
+// A build without the backward (FMHA_ENABLE_BACKWARD=OFF) compiles none of its kernels.
+#ifdef FMHA_NO_BACKWARD
+size_t bwd_workspace_size(const fmha_bwd_params&) {
+  FMHA_UNSUPPORTED("this build of fmha has no backward kernels (built with FMHA_ENABLE_BACKWARD=OFF)");
+}
+void bwd(const fmha_bwd_params& p, void* stream) { (void)bwd_workspace_size(p), (void)stream; }
+#else
 size_t bwd_workspace_size(const fmha_bwd_params& p) { return delta_bytes(p.problem) + dq_accum_bytes(p); }
 
 void bwd(const fmha_bwd_params& p, void* stream) {
@@ -231,12 +224,13 @@ void bwd(const fmha_bwd_params& p, void* stream) {
     default: return bwd_typed<float>(p, s);
   }
 }
+#endif
 
 void capabilities(fmha_capabilities* caps) {
   caps->available = 1;
   caps->dtypes = (1u << FMHA_DTYPE_FLOAT32) | (1u << FMHA_DTYPE_FLOAT16) | (1u << FMHA_DTYPE_BFLOAT16);
-  caps->max_head_dim = FMHA_MAX_HEAD_DIM;
-  caps->features = FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE;
+  caps->max_head_dim = max_built_head_dim(kHeadDims);
+  caps->features = build_features();
   snprintf(caps->archs, sizeof(caps->archs), "%s", FMHA_HIP_ARCH_LIST);
 }
 
