@@ -1,5 +1,6 @@
 """Host time per call: fmha against torch's SDPA backends on a problem so small (B = 1,
-S = 128, one head, D = 64, causal) that its kernels take a few microseconds, so that the
+S = 128, one head, D = 64, causal) that its kernels take a few microseconds (on sm_90 also
+fmha's fp8 forward, per-tensor descales), so that the
 wall time of calls queued back to back is the host's work (Python, dispatch, autograd,
 launches).  The host's speed drifts by tens of percent within a minute on shared machines,
 so the cases are interleaved over several rounds and each is reported as the median of its
@@ -48,8 +49,15 @@ def cases(dev: str):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(gt)
         return f
 
+    fp8 = {}
+    if torch.cuda.get_device_capability(dev)[0] == 9:  # the fp8 forward: sm_90 only
+        q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (qd, kd, vd))
+        one = torch.ones((), device=dev)
+        fp8 = {("fwd", "fmha-fp8"): lambda: fmha.flash_attn_func(q8, k8, v8, causal=True, q_descale=one,
+                                                                   k_descale=one, v_descale=one)}
     return {
         ("fwd", "fmha"): lambda: fmha.flash_attn_func(qd, kd, vd, causal=True),
+        **fp8,
         ("fwd", "sdpa-cudnn"): sdpa(SDPBackend.CUDNN_ATTENTION, False),
         ("fwd", "sdpa-flash"): sdpa(SDPBackend.FLASH_ATTENTION, False),
         ("fwd+bwd", "fmha"): lambda: fmha.flash_attn_func(q, k, v, causal=True).backward(g),
