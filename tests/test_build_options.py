@@ -1,11 +1,13 @@
-"""Reduced GPU builds (CMake FMHA_HEAD_DIMS and FMHA_ENABLE_BACKWARD, docs/api.md "Smaller
-builds"): kernels for some head dims only, or none of the backward's.
+"""Reduced GPU builds (CMake FMHA_HEAD_DIMS, FMHA_ENABLE_BACKWARD and FMHA_ENABLE_DROPOUT,
+docs/api.md "Smaller builds"): kernels for some head dims only, none of the backward's, none
+with dropout.
 
 * Everywhere: CMake refuses a head-dim list it cannot build (a dim without kernels, none).
 * On a GPU: the library reports the build (fmha_capabilities: max_head_dim, the backward's
   feature bits), every head dim up to the largest built one runs (on the next larger built
   kernel) and matches the float64 reference, forward and decode, while larger ones raise an
-  error that names the build; without the backward, backward calls raise.  The suite runs
+  error that names the build; without the backward, backward calls raise, and without
+  dropout, fp16/bf16 calls with dropout (the fp32 path keeps it).  The suite runs
   against the full build, where every head dim up to 256 must run; set FMHA_TEST_HEAD_DIMS
   (CMake's list, e.g. "64;128") to run it against a reduced one (.ci/reduced_build.sh checks
   such a library's symbols without a GPU).
@@ -29,7 +31,7 @@ ALL_DIMS = (32, 64, 96, 128, 192, 256)
 DECODE_DIMS = (64, 128, 256)
 FP8_DIMS = (64, 128, 256)
 BUILT = tuple(sorted(int(x) for x in os.environ.get("FMHA_TEST_HEAD_DIMS", "32;64;96;128;192;256").split(";")))
-FEATURE_BACKWARD, FEATURE_DETERMINISTIC, FEATURE_DECODE = 1 << 0, 1 << 7, 1 << 8
+FEATURE_BACKWARD, FEATURE_DROPOUT, FEATURE_DETERMINISTIC, FEATURE_DECODE = 1 << 0, 1 << 6, 1 << 7, 1 << 8
 
 
 def kernel_dim(d, dims):
@@ -116,6 +118,19 @@ def test_cuda_backward_or_its_refusal(d):
     out = fmha.flash_attn_func(q, k, v, causal=True)
     with pytest.raises(RuntimeError, match="no backward kernels"):
         out.backward(torch.ones_like(out))
+
+
+@cuda
+def test_cuda_dropout_or_its_refusal():
+    q, k, v = (randn(1, 65, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    if _caps()["features"] & FEATURE_DROPOUT:
+        out = fmha.flash_attn_func(q, k, v, dropout_p=0.3)
+        assert torch.isfinite(out).all() and not torch.equal(out, fmha.flash_attn_func(q, k, v))
+    else:
+        with pytest.raises(RuntimeError, match="no dropout kernels"):
+            fmha.flash_attn_func(q, k, v, dropout_p=0.3)
+    ref = fmha.flash_attn_func(q.float(), k.float(), v.float(), dropout_p=0.3)  # the fp32 path keeps dropout
+    assert torch.isfinite(ref).all()
 
 
 def _hopper():

@@ -1,8 +1,10 @@
 // What a reduced GPU build leaves out, for the CUDA and HIP dispatch (CMake: FMHA_HEAD_DIMS,
-// FMHA_ENABLE_BACKWARD; the full build defines neither FMHA_HEAD_DIM_MASK nor FMHA_NO_BACKWARD).  A head dim whose
+// FMHA_ENABLE_BACKWARD, FMHA_ENABLE_DROPOUT; the full build defines none of FMHA_HEAD_DIM_MASK,
+// FMHA_NO_BACKWARD, FMHA_NO_DROPOUT).  A head dim whose
 // kernels are not compiled runs on the next larger one that is, as head dims between the
 // kernels' always have (a kernel takes any head dim up to its own); a call above the largest
-// built one, or a backward in a build without it, raises FMHA_ERROR_NOT_SUPPORTED.  The CPU
+// built one, or a backward or a 16-bit dropout in a build without it, raises
+// FMHA_ERROR_NOT_SUPPORTED.  The CPU
 // backend has no per-head-dim kernels and keeps everything.
 #pragma once
 
@@ -35,12 +37,27 @@ constexpr bool kBuildBackward = false;
 #else
 constexpr bool kBuildBackward = true;
 #endif
+#ifdef FMHA_NO_DROPOUT
+constexpr bool kBuildDropout = false;
+#else
+constexpr bool kBuildDropout = true;
+#endif
+
+// Whether a tensor-core call takes the dropout kernels; raises for dropout in a build without
+// them (the fp32 path keeps its own dropout).
+inline bool kernel_dropout(float dropout_p) {
+  if (dropout_p > 0.f && !kBuildDropout)
+    FMHA_UNSUPPORTED("dropout_p %g: this build of fmha has no dropout kernels for fp16/bf16 (built with "
+                     "FMHA_ENABLE_DROPOUT=OFF)",
+                     (double)dropout_p);
+  return dropout_p > 0.f;
+}
 
 // fmha_capabilities.features of a GPU backend in this build.
 constexpr uint32_t build_features() {
-  return kBuildBackward ? FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE
-                        : FMHA_FEATURES_TRAINING & ~(FMHA_FEATURE_BACKWARD | FMHA_FEATURE_DETERMINISTIC) |
-                              FMHA_FEATURE_DECODE;
+  return (FMHA_FEATURES_TRAINING | FMHA_FEATURE_DECODE) &
+         ~(kBuildBackward ? 0u : FMHA_FEATURE_BACKWARD | FMHA_FEATURE_DETERMINISTIC) &
+         ~(kBuildDropout ? 0u : FMHA_FEATURE_DROPOUT);
 }
 
 // The kernel head dim a call of head dim d runs on among `dims` (one kernel family's head

@@ -98,14 +98,18 @@ bool score_mods(const fmha_problem& p) { return p.softcap > 0.f || p.alibi_slope
 
 template <class T, int D, bool kLong>
 void fwd_instance(const fmha_fwd_params& p, cudaStream_t s) {
-  const bool drop = p.problem.dropout_p > 0.f;
+  const bool drop = kernel_dropout(p.problem.dropout_p);
   if constexpr (kFwdPlain<D>) {
     if (!score_mods(p.problem)) {
-      if (drop) return run_fwd<FwdConfig<T, D, true, kLong, false>>(p, s);
+      if constexpr (kBuildDropout) {
+        if (drop) return run_fwd<FwdConfig<T, D, true, kLong, false>>(p, s);
+      }
       return run_fwd<FwdConfig<T, D, false, kLong, false>>(p, s);
     }
   }
-  if (drop) return run_fwd<FwdConfig<T, D, true, kLong>>(p, s);
+  if constexpr (kBuildDropout) {
+    if (drop) return run_fwd<FwdConfig<T, D, true, kLong>>(p, s);
+  }
   run_fwd<FwdConfig<T, D, false, kLong>>(p, s);
 }
 
@@ -205,9 +209,11 @@ void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta,
 
 template <class T, int D>
 void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta, cudaStream_t s) {
-  const bool drop = p.problem.dropout_p > 0.f, mod = score_mods(p.problem);
-  if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
-  if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
+  const bool drop = kernel_dropout(p.problem.dropout_p), mod = score_mods(p.problem);
+  if constexpr (kBuildDropout) {
+    if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
+    if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
+  }
   if (mod) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }

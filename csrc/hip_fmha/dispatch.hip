@@ -68,10 +68,11 @@ int64_t lse_elems(const fmha_problem& p) { return q_rows(p) * p.num_heads_q; }
 
 template <class T, int D>
 void fwd_instance(const fmha_fwd_params& p, hipStream_t s) {
-  if (p.problem.dropout_p > 0.f)
-    run_fwd<FwdConfig<T, D, true>>(p, s);
-  else
-    run_fwd<FwdConfig<T, D, false>>(p, s);
+  const bool drop = kernel_dropout(p.problem.dropout_p);
+  if constexpr (kBuildDropout) {
+    if (drop) return run_fwd<FwdConfig<T, D, true>>(p, s);
+  }
+  run_fwd<FwdConfig<T, D, false>>(p, s);
 }
 
 template <class T>
@@ -88,9 +89,11 @@ void bwd_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta,
 
 template <class T, int D>
 void bwd_features(const fmha_bwd_params& p, float* dq_accum, const float* delta, hipStream_t s) {
-  const bool drop = p.problem.dropout_p > 0.f, mod = p.problem.softcap > 0.f || p.problem.alibi_slopes;
-  if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
-  if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
+  const bool drop = kernel_dropout(p.problem.dropout_p), mod = p.problem.softcap > 0.f || p.problem.alibi_slopes;
+  if constexpr (kBuildDropout) {
+    if (drop && mod) return bwd_instance<T, D, true, true>(p, dq_accum, delta, s);
+    if (drop) return bwd_instance<T, D, true, false>(p, dq_accum, delta, s);
+  }
   if (mod) return bwd_instance<T, D, false, true>(p, dq_accum, delta, s);
   return bwd_instance<T, D, false, false>(p, dq_accum, delta, s);
 }
@@ -126,8 +129,8 @@ void fwd_typed(const fmha_fwd_params& p, hipStream_t s) {
 }
 
 // Workspace: delta (LSE layout) then, for the atomic dQ path, the fp32 dQ accumulator.
-size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
-size_t dq_accum_bytes(const fmha_bwd_params& p) {
+[[maybe_unused]] size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
+[[maybe_unused]] size_t dq_accum_bytes(const fmha_bwd_params& p) {
   if (p.problem.dtype == FMHA_DTYPE_FLOAT32 || p.deterministic) return 0;
   return (size_t)q_rows(p.problem) * p.problem.num_heads_q * padded_head_dim(p.problem.head_dim) * 4;
 }
