@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 mkdir -p build-reduced
 cmake -S . -B build-reduced -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=80 -DFMHA_HEAD_DIMS=64 \
-  -DFMHA_ENABLE_BACKWARD=OFF -DFMHA_ENABLE_DROPOUT=OFF -DFMHA_ENABLE_HIP=OFF -DFMHA_BUILD_TESTS=OFF > build-reduced/reduced.log 2>&1 ||
+  -DFMHA_ENABLE_BACKWARD=OFF -DFMHA_ENABLE_DROPOUT=OFF -DFMHA_ENABLE_HIP=OFF -DFMHA_BUILD_TESTS=OFF \
+  > build-reduced/reduced.log 2>&1 ||
   { tail -30 build-reduced/reduced.log; exit 1; }
 grep -q "backends: cpu;cuda(80); GPU head dims 64, backward OFF, dropout OFF" build-reduced/reduced.log ||
   { grep "fmha:" build-reduced/reduced.log; echo "reduced build: CUDA not configured as asked"; exit 1; }

@@ -1,11 +1,10 @@
 // What a reduced GPU build leaves out, for the CUDA and HIP dispatch (CMake: FMHA_HEAD_DIMS,
-// FMHA_ENABLE_BACKWARD, FMHA_ENABLE_DROPOUT; the full build defines none of FMHA_HEAD_DIM_MASK,
-// FMHA_NO_BACKWARD, FMHA_NO_DROPOUT).  A head dim whose
-// kernels are not compiled runs on the next larger one that is, as head dims between the
-// kernels' always have (a kernel takes any head dim up to its own); a call above the largest
-// built one, or a backward or a 16-bit dropout in a build without it, raises
-// FMHA_ERROR_NOT_SUPPORTED.  The CPU
-// backend has no per-head-dim kernels and keeps everything.
+// FMHA_ENABLE_BACKWARD, FMHA_ENABLE_DROPOUT; the full build defines none of
+// FMHA_HEAD_DIM_MASK, FMHA_NO_BACKWARD, FMHA_NO_DROPOUT).  A head dim whose kernels are not
+// compiled runs on the next larger one that is, as head dims between the kernels' always
+// have (a kernel takes any head dim up to its own); a call above the largest built one, a
+// backward, or a 16-bit call with dropout in a build without them raises
+// FMHA_ERROR_NOT_SUPPORTED.  The CPU backend has no per-head-dim kernels and keeps everything.
 #pragma once
 
 #include <cstddef>

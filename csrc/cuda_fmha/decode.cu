@@ -46,7 +46,8 @@ void with_width(const fmha_decode_params& p, F&& f) {
 }
 template <class T, CacheKind C, class F>
 void with_dim(const fmha_decode_params& p, F&& f) {
-  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim), [&](auto d) { with_width<T, C, decltype(d)::value>(p, f); });
+  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim),
+                              [&](auto d) { with_width<T, C, decltype(d)::value>(p, f); });
 }
 
 // f(DecodeConfig{}) for p, whose queries are fp16/bf16.

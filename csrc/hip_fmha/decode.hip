@@ -31,7 +31,8 @@ void with_types(const fmha_decode_params& p, F&& f) {
 // the next instance (decode_head_dim).
 template <class T, CacheKind C, class F>
 void with_dim(const fmha_decode_params& p, F&& f) {
-  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim), [&](auto d) { f(DecodeConfig<T, C, decltype(d)::value>{}); });
+  with_head_dim<64, 128, 256>(decode_head_dim(p.head_dim),
+                              [&](auto d) { f(DecodeConfig<T, C, decltype(d)::value>{}); });
 }
 
 // f(DecodeConfig{}) for p, whose queries are fp16/bf16.
