@@ -42,8 +42,9 @@ def kernel_dim(d, dims):
 def _configure(head_dims):
     build = tempfile.mkdtemp(prefix="fmha-cfg-")
     try:
-        return subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DFMHA_ENABLE_CUDA=OFF", "-DFMHA_ENABLE_HIP=OFF",
-                               "-DFMHA_BUILD_TESTS=OFF", f"-DFMHA_HEAD_DIMS={head_dims}"],
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        return subprocess.run(["cmake", "-S", ROOT, "-B", build, *generator, "-DFMHA_ENABLE_CUDA=OFF",
+                               "-DFMHA_ENABLE_HIP=OFF", "-DFMHA_BUILD_TESTS=OFF", f"-DFMHA_HEAD_DIMS={head_dims}"],
                               capture_output=True, text=True)
     finally:
         shutil.rmtree(build, ignore_errors=True)
