@@ -62,11 +62,8 @@ enum class OStore {
 // kPingPong: the consumers take turns issuing their products, in a ring (0, 1, ..., 0), so
 // that one's softmax overlaps the others' tensor-core work (FA3's inter-warpgroup schedule).
 // kOStore_: an OStore to force (tools/tune/tune_sm90.cu), or -1 for the rule below.
-// kQInRegs_: S = Q K^T takes Q from registers (loaded by ldmatrix once per tile) instead of
-// shared memory, which takes a third of the shared-memory reads of S's products off the
-// busiest pipe at D = 64 (a candidate of tools/tune/tune_sm90.cu; 16-bit only).
 template <class T_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kScoreMod_,
-          bool kPingPong_ = (kBlockM_ > 64), int kOStore_ = -1, bool kQInRegs_ = false>
+          bool kPingPong_ = (kBlockM_ > 64), int kOStore_ = -1>
 struct FwdSm90Traits {
   using T = T_;
   static constexpr bool kFp8 = std::is_same<T, __nv_fp8_e4m3>::value;
@@ -91,8 +88,6 @@ struct FwdSm90Traits {
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr bool kQInRegs = kQInRegs_;
-  static_assert(!kQInRegs || !kFp8, "Q in registers: 16-bit A fragments only");
   static_assert(!kPingPong || kConsumers >= 2, "turns take two consumers or more");
   // Shared memory: Q | K ring | V ring | [O] | mbarriers; every tile starts on a 1024-byte
   // line, the period of the 128-byte swizzle.
@@ -391,29 +386,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       float acc_s[1][kNT][4];
       uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
       float rescale[2] = {1.f, 1.f};
-      // kQInRegs: this warp's 16 rows of Q as A fragments, one per 16 columns (ldmatrix: lane
-      // l addresses row l % 8 of matrix l / 8, rows +8 for matrices 1 and 3, the second
-      // 8-column chunk for 2 and 3: the order of an A fragment's registers).
-      constexpr int kQSteps = kHeadDim * (int)sizeof(T) / 32;
-      uint32_t a_q[K::kQInRegs ? kQSteps : 1][4];
-      if constexpr (K::kQInRegs) {
-        const unsigned r = unsigned(row_wg + warp_wg * 16 + (lane / 8 % 2) * 8 + lane % 8);
-#pragma unroll
-        for (int kk = 0; kk < kQSteps; ++kk)
-          ldmatrix_x4(a_q[kk], smem_addr(sQ + TileQ::offset(r, unsigned(16 * kk + lane / 16 * 8))));
-      }
 
       auto issue_qk = [&](int i) {  // S = Q K_i^T
         const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
         fence_operand(acc_s[0]);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kQSteps; ++kk) {
-          if constexpr (K::kQInRegs)
-            Wgmma<T, kBlockN>::template rs<0>(acc_s[0], a_q[kk], desc_k.k_desc(kk), kk > 0);
-          else
-            Wgmma<T, kBlockN>::template ss<0, 0>(acc_s[0], desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
-        }
+        for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
+          Wgmma<T, kBlockN>::template ss<0, 0>(acc_s[0], desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
         wgmma_commit();
         fence_operand(acc_s[0]);
       };

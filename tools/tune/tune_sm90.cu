@@ -13,8 +13,7 @@
 // that two trees whose kernels must compute the same values can be compared bitwise.
 // -DTUNE_FP8 times the fp8 (e4m3) forward instead, as a call runs it: the V^T pass
 // (fp8_v_transpose; add csrc/cuda_fmha/fwd_fp8.cu to the build) and the kernel together,
-// its candidates 128-, 192- and 256-key blocks at D = 64/128 and 128 or 64 at D = 256 (the
-// 64-key blocks hold D = 256's O without the 128-key tile's 28 B of spills; not yet run).
+// its candidates 128- and 192-key blocks at D = 64/128.
 // Numbers compare configurations with each other; the benchmark (python -m fmha.bench)
 // compares fmha with its peers.
 #include <vector>
@@ -82,10 +81,6 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 #define FWD(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, true>>(#M "x" #N " st" #ST, s, buf)
 #define FWD_FP8(D, M, N) fwd<FwdSm90Traits<T, D, M, N, 2, false>>(#M "x" #N " fp8", s, buf)
 #define FWD_NOPP(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, false>>(#M "x" #N " st" #ST " nopp", s, buf)
-// Q in registers for S = Q K^T (kQInRegs) instead of shared memory: candidates at the regular
-// 128 x 128 tiles of D = 64 and 128, which hold it without spilling (D = 64's 192-row tile
-// spilled 96 B with it, D = 128's 176-key blocks 148 B).  Built; not yet run on a GPU.
-#define FWD_QREG(D, M, N, ST) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, -1, true>>(#M "x" #N " st" #ST " qreg", s, buf)
 // O through registers (0), the Q buffer (1) or a buffer of its own (2); FWD uses the rule.
 #define FWD_O(D, M, N, ST, O) fwd<FwdSm90Traits<T, D, M, N, ST, false, true, O>>(#M "x" #N " st" #ST " O" #O, s, buf)
 
@@ -159,12 +154,10 @@ int main(int argc, char** argv) {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD_FP8(256, 128, 128);
-    FWD_FP8(256, 128, 64);
 #endif
 #else
 #if !defined(TUNE_D) || TUNE_D == 64
     FWD(64, 128, 128, 2);
-    FWD_QREG(64, 128, 128, 2);
     FWD(64, 192, 128, 2);
     FWD_NOPP(64, 192, 128, 2);
 #endif
@@ -174,7 +167,6 @@ int main(int argc, char** argv) {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 128
     FWD(128, 128, 128, 2);
-    FWD_QREG(128, 128, 128, 2);
     FWD_O(128, 128, 128, 2, 1);
     FWD_O(128, 128, 128, 2, 0);
     FWD(128, 128, 176, 2);
