@@ -263,8 +263,12 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
 
 def _input_descales(q, k, batch, q_descale, k_descale, v_descale) -> None:
     """FlashAttention-3's q/k/v_descale (_checks.input_descale), for batch sequences: read
-    by the fp8 forward, and, as FA3 applies them to fp8 inputs only, unused for others."""
+    by the fp8 forward, and, as FA3 applies them to fp8 inputs only, unused for others.
+    With fp8 q they are left to ops.attention_fp8, which checks them against the call's
+    dims (_checks.fp8_inputs): once per call."""
     if q_descale is None and k_descale is None and v_descale is None:
+        return
+    if isinstance(q, Tensor) and q.dtype in _checks._FLOAT8:
         return
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if x is not None:
