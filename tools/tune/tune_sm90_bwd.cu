@@ -7,6 +7,8 @@
 // The backward's time is the main kernel's alone (D and the dQ accumulator's zeroing and
 // conversion are separate short kernels, the same for any main-kernel design).
 // -DTUNE_SCOREMOD times the score-modifier instances instead, with a softcap of 30.
+// -DTUNE_CHECKSUM adds a line per shape with a hash of dK's and dV's bits, so that two trees
+// whose kernels must compute the same values can be compared bitwise.
 // TUNE_S=4096 and TUNE_CAUSAL=0|1 in the environment keep one sequence length and mask (for
 // a profiler's launch count).
 #include <vector>
@@ -55,6 +57,17 @@ void run(const TrainShape& s, Buffers& buf) {
   const double flops = 4.0 * B * H * (double)s.S * s.S * s.D / (s.causal ? 2 : 1);
   std::printf("S=%-6d D=%-3d %s fwd %7.3f ms %6.1f TFLOP/s  bwd %7.3f ms %6.1f TFLOP/s\n", s.S, s.D,
               s.causal ? "causal" : "      ", fwd_ms, flops / fwd_ms / 1e9, bwd_ms, 2.5 * flops / bwd_ms / 1e9);
+#if defined(TUNE_CHECKSUM)
+  // dK and dV are each CTA's own sums (no atomics), so two builds that compute alike give the
+  // same bits; dQ's order of additions varies from run to run.
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over dK's, then dV's, 16-bit elements
+  std::vector<uint16_t> host((size_t)B * s.S * H * s.D);
+  for (T* x : {buf.dk, buf.dv}) {
+    check_cuda(cudaMemcpy(host.data(), x, host.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint16_t e : host) h = (h ^ e) * 1099511628211ull;
+  }
+  std::printf("checksum S=%d D=%d %s %016llx\n", s.S, s.D, s.causal ? "causal" : "full", (unsigned long long)h);
+#endif
 }
 
 int main() {
@@ -62,9 +75,10 @@ int main() {
   const char* only_causal = std::getenv("TUNE_CAUSAL");
   const size_t elems = (size_t)16384 * 2048;
   Buffers buf;
+  uint32_t seed = 1;  // the same inputs in every process (TUNE_CHECKSUM compares two)
   for (T** x : {&buf.q, &buf.k, &buf.v, &buf.o, &buf.dout, &buf.dq, &buf.dk, &buf.dv}) {
     check_cuda(cudaMalloc(x, elems * sizeof(T)), "cudaMalloc");
-    fill<<<1024, 256>>>(*x, elems, (uint32_t)(uintptr_t)x);
+    fill<<<1024, 256>>>(*x, elems, 0x9e3779b9u * seed++);
   }
   for (float** x : {&buf.lse, &buf.delta}) check_cuda(cudaMalloc(x, (size_t)16384 * 32 * 4), "cudaMalloc");
   check_cuda(cudaMemset(buf.delta, 0, (size_t)16384 * 32 * 4), "cudaMemset");

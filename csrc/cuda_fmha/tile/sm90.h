@@ -104,6 +104,13 @@ __device__ __forceinline__ void fence_operand(float (&d)[NT][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+// ---- warpgroup roles ----
+// This thread's warpgroup (threadIdx.x / 128) broadcast from lane 0, which tells the
+// compiler it is the same across the warp: what derives from it (a consumer's rows, its
+// wgmma descriptors) then lives in uniform registers, computed once per warp, where
+// threadIdx.x / 128 left them per thread, copied to uniform registers before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); }
+
 // ---- register reallocation between warpgroups ----
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
