@@ -432,34 +432,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         score.apply(acc_s, row0, 16, n0, lane, score.needs_mask(wm0, wm1, n0, kBlockN));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float m[kNT];  // the row's maximum, then (kTreeSum) its sum, by a tree
-#pragma unroll
-          for (int n = 0; n < kNT; ++n) m[n] = fmaxf(acc_s[0][n][2 * r], acc_s[0][n][2 * r + 1]);
-          const float m_block = quad_max(tree_reduce(m, [](float x, float y) { return fmaxf(x, y); }));
           float ref;
-          rescale[r] = stats[r].update(m_block * score.post_scale, ref);
-          float sum[2] = {0.f, 0.f};
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -ref));
-              if constexpr (!K::kTreeSum) sum[e % 2] += acc_s[0][n][e];
-            }
-          if constexpr (K::kTreeSum) {
-#pragma unroll
-            for (int n = 0; n < kNT; ++n) m[n] = acc_s[0][n][2 * r] + acc_s[0][n][2 * r + 1];
-            sum[0] = tree_reduce(m, [](float x, float y) { return x + y; });
-          }
-          stats[r].add(rescale[r], sum[0] + sum[1]);
+          rescale[r] = stats[r].update(quad_max(row_max<true>(acc_s[0], r)) * score.post_scale, ref);
+          stats[r].add(rescale[r], exp2_row<K::kTreeSum ? RowSum::kTree : RowSum::kParity>(acc_s[0], r,
+                                                                                           score.post_scale, ref));
         }
       };
       auto rescale_o = [&] {
-#pragma unroll
-        for (int n = 0; n < kDT; ++n) {
-          acc_o[n][0] *= rescale[0], acc_o[n][1] *= rescale[0];
-          acc_o[n][2] *= rescale[1], acc_o[n][3] *= rescale[1];
-        }
+        mul_row(acc_o, 0, rescale[0]);
+        mul_row(acc_o, 1, rescale[1]);
       };
       auto pack_p = [&] {
         if constexpr (K::kFp8)

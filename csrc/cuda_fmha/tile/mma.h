@@ -237,24 +237,41 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
 // The online softmax's passes over row r (0: g, 1: g + 8) of a 16-row accumulator block:
 // this lane's maximum of it, P = exp2(s * scale - ref) in place with this lane's sum, and
 // the rescaling of O's row.  The same names over the HIP tile layer's fragments (mfma.h).
-template <int NT>
+// row_max<true> reduces by a tree (the sm_90a forward's rows of up to 256 keys, whose
+// maximum the next products wait on); exp2_row sums in one chain of adds beside the exp2s,
+// one chain per column parity (RowSum::kParity), or by a tree after them (RowSum::kTree).
+enum class RowSum { kChain, kParity, kTree };
+template <bool kTree = false, int NT>
 __device__ __forceinline__ float row_max(const float (&acc)[NT][4], int r) {
-  float mx = -INFINITY;
+  if constexpr (kTree) {
+    float m[NT];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(acc[n][2 * r], acc[n][2 * r + 1]));
-  return mx;
+    for (int n = 0; n < NT; ++n) m[n] = fmaxf(acc[n][2 * r], acc[n][2 * r + 1]);
+    return tree_reduce(m, [](float x, float y) { return fmaxf(x, y); });
+  } else {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(acc[n][2 * r], acc[n][2 * r + 1]));
+    return mx;
+  }
 }
-template <int NT>
+template <RowSum kSum = RowSum::kChain, int NT>
 __device__ __forceinline__ float exp2_row(float (&acc)[NT][4], int r, float scale, float ref) {
-  float sum = 0.f;
+  float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 2 * r; e < 2 * r + 2; ++e) {
       acc[n][e] = fast_exp2(fmaf(acc[n][e], scale, -ref));
-      sum += acc[n][e];
+      if constexpr (kSum != RowSum::kTree) sum[kSum == RowSum::kParity ? e % 2 : 0] += acc[n][e];
     }
-  return sum;
+  if constexpr (kSum == RowSum::kTree) {
+    float s[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n] = acc[n][2 * r] + acc[n][2 * r + 1];
+    sum[0] = tree_reduce(s, [](float x, float y) { return x + y; });
+  }
+  return kSum == RowSum::kChain ? sum[0] : sum[0] + sum[1];
 }
 template <int NT>
 __device__ __forceinline__ void mul_row(float (&acc)[NT][4], int r, float f) {
