@@ -259,10 +259,7 @@ __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_ac
         const int row = s_row0 + m * kSRowStride + g + 8 * r;
         const float lse = lse_log2(sLse[st * kBlockM + row]);
         delta[m][r] = sDelta[st * kBlockM + row];
-#pragma unroll
-        for (int n = 0; n < K::kNT_S; ++n)
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) acc_s[m][n][e] = fast_exp2(fmaf(acc_s[m][n][e], score.post_scale, -lse));
+        exp2_row(acc_s[m], r, score.post_scale, lse);  // P = exp2(S - LSE); its sum is not needed
       }
 
     // dP = dO V^T, then dS; P and dS go to shared memory for the transposed products.
