@@ -94,7 +94,7 @@ struct BwdSm90Traits {
   // descriptors then stay in uniform registers instead of being copied there before every
   // wgmma (the main loop's instructions 918 -> 860 at D = 64, 605 -> 406 at D = 256; 1.00-1.03x
   // at D = 64, docs/tuning.md).  Not at D = 128, where ptxas then serialized the wgmmas
-  // (C7512), nor with K and V in registers, measured 0.98-0.99x.
+  // (C7512), nor with K and V in registers (0.98-0.99x, measured beside an mbarrier change).
   static constexpr bool kUniformRoles = kHeadDim != 128 && !kKVInRegs;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint64_t* full = full_kv + 1;
   uint64_t* empty = full + kStages;
 
-    const int tid = threadIdx.x, wg = K::kUniformRoles ? warpgroup_index() : tid / 128, lane = tid % 32;
+  const int tid = threadIdx.x, wg = K::kUniformRoles ? warpgroup_index() : tid / 128, lane = tid % 32;
   if (tid == 0) {
     mbar_init(full_kv, 1);
 #pragma unroll
