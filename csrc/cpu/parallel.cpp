@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <pthread.h>
 #include <thread>
@@ -25,13 +26,20 @@ int num_threads() {
 
 namespace {
 
-// Persistent workers: a call hands out its items through an atomic counter to the calling
-// thread and up to num_threads() - 1 workers, which wait between calls (spinning briefly,
-// then on a condition variable), instead of starting threads for every call (the backward
-// makes three calls).  A worker joins a call only while it is open; the caller closes it
-// once every item is claimed and then waits for the workers that joined, never for one
-// still asleep: a small call that the caller finishes alone costs no wake-up (waiting
-// for every worker put a sleeping thread's wake-up, tens of microseconds, on each call).
+// Persistent workers: a call hands out its items to the calling thread and up to
+// num_threads() - 1 workers, which wait between calls (spinning briefly, then on a
+// condition variable), instead of starting threads for every call (the backward makes two
+// calls).  A worker joins a call only while it is open; the caller closes it once every
+// item is claimed and then waits for the workers that joined, never for one still asleep:
+// a small call that the caller finishes alone costs no wake-up (waiting for every worker
+// put a sleeping thread's wake-up, tens of microseconds, on each call).
+//
+// Each participant owns a contiguous range of the items, claimed in order through its own
+// counter, and then helps with the others' ranges.  Neighbouring items read and write
+// neighbouring memory (the heads of one sequence are interleaved in a (B, S, H, D) tensor):
+// with one shared counter the two threads took alternate items, and each one's hardware
+// prefetches ran into the other's rows (fp32, B = 8, S = 128, H = 2, D = 128, two threads:
+// forward 0.63 -> 0.58 ms, backward 1.63 -> 1.52 ms).
 class Pool {
  public:
   // Never destroyed: workers may outlive static destructors.  A forked child has none of
@@ -50,15 +58,18 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       fn_ = &fn;
-      n_ = n;
-      next_.store(0);
+      parts_ = workers + 1;
+      for (int part = 0; part < parts_; ++part) {
+        ranges_[part].next.store(n * part / parts_, std::memory_order_relaxed);
+        ranges_[part].end = n * (part + 1) / parts_;
+      }
       error_ = nullptr;
       active_ = workers;
       open_ = true;
       ++generation_;
     }
     wake_.notify_all();
-    work();  // the caller takes part as one more worker, until every item is claimed
+    work(0);  // the caller takes part as participant 0, until every item is claimed
     {
       std::lock_guard<std::mutex> lock(mutex_);
       open_ = false;  // no worker joins from here on
@@ -80,6 +91,10 @@ class Pool {
   }
 
   void grow(int workers) {
+    if (workers + 1 > capacity_) {  // no worker is inside work() between calls
+      ranges_.reset(new Range[workers + 1]);
+      capacity_ = workers + 1;
+    }
     while ((int)threads_.size() < workers) {
       const int index = (int)threads_.size();
       threads_.emplace_back([this, index] { loop(index); });
@@ -115,22 +130,26 @@ class Pool {
         if (join) joined_.fetch_add(1, std::memory_order_relaxed);
       }
       if (join) {
-        work();
+        work(index + 1);
         joined_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
   }
 
-  void work() {
+  // Participant `self`'s own range first, then the others' in turn.
+  void work(int self) {
     const bool was_in_pool = in_pool_;
     in_pool_ = true;
-    for (int64_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) {
-      try {
-        (*fn_)(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(n_);
+    for (int k = 0; k < parts_; ++k) {
+      Range& range = ranges_[(self + k) % parts_];
+      for (int64_t i = range.next.fetch_add(1); i < range.end; i = range.next.fetch_add(1)) {
+        try {
+          (*fn_)(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!error_) error_ = std::current_exception();
+          for (int part = 0; part < parts_; ++part) ranges_[part].next.store(ranges_[part].end);
+        }
       }
     }
     in_pool_ = was_in_pool;
@@ -145,10 +164,15 @@ class Pool {
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> joined_{0};  // workers inside the open call's work()
-  std::atomic<int64_t> next_{0};
+  // The open call's ranges: participant p's items are [next, end) of ranges_[p], p < parts_.
+  struct alignas(64) Range {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::unique_ptr<Range[]> ranges_;
+  int capacity_ = 0, parts_ = 0;
   bool open_ = false;
   int active_ = 0;
-  int64_t n_ = 0;
   const std::function<void(int64_t)>* fn_ = nullptr;
   std::exception_ptr error_;
 };
