@@ -357,8 +357,10 @@ def descale(x, name: str, batch: int, heads_k: int, q: torch.Tensor) -> Optional
 
 
 def is_fp8(q, k, v) -> bool:
-    """Whether q, k, v are the fp8 forward's inputs: True when all three are float8_e4m3fn,
+    """Whether q, k, v (tensors) are the fp8 forward's inputs: True when all three are float8_e4m3fn,
     False when none is an 8-bit float; anything between raises, naming the odd tensor."""
+    if q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES:  # the common case, first
+        return False
     tensors = (("q", q), ("k", k), ("v", v))
     eight = [(n, x.dtype) for n, x in tensors if isinstance(x, torch.Tensor) and x.dtype in _FLOAT8]
     if not eight:

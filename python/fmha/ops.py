@@ -19,12 +19,15 @@ from . import _C, _checks
 from ._backend import _DTYPES, capturing, fmha_device, ptr, stream_handle, view
 
 
+_NO_GUARD = contextlib.nullcontext()  # reusable: it holds nothing
+
+
 def _device_guard(device: torch.device):
     """The tensors' GPU made current for the launch; nothing to do (and no guard object to
     build, a measurable part of a small call's host time) when it already is."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return _NO_GUARD
 
 
 def _lse_shape(d: _checks.Dims) -> Tuple[int, ...]:
@@ -37,7 +40,15 @@ def _probs_shape(d: _checks.Dims) -> Tuple[int, ...]:
 
 def _problem(d: _checks.Dims, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap,
              window_left, window_right, top_left, alibi_slopes, dropout_p, rng_state) -> "_C.Problem":
-    """libfmha's fmha_problem, built in one call (the backward reuses the forward's)."""
+    """libfmha's fmha_problem, built in one call (the backward reuses the forward's).  One
+    that holds no pointer and no random seed is a value (its fields are read-only from
+    Python): the same call's is made once and reused (_PROBLEMS)."""
+    plain = cu_seqlens_q is None and seqused_k is None and alibi_slopes is None and dropout_p == 0
+    if plain:
+        key = (d, dtype, scale, softcap, window_left, window_right, top_left)
+        problem = _PROBLEMS.get(key)
+        if problem is not None:
+            return problem
     alibi, alibi_batch_stride = 0, 0
     if alibi_slopes is not None:
         alibi = alibi_slopes.data_ptr()
@@ -45,10 +56,18 @@ def _problem(d: _checks.Dims, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scal
     seed = offset = 0
     if dropout_p > 0:
         seed, offset = (x & (2**64 - 1) for x in rng_state.tolist())
-    return _C.Problem(_KERNEL_DTYPES[dtype], d.batch, d.seqlen_q, d.seqlen_k, d.total_q, d.total_k, d.heads_q,
-                      d.heads_k, d.head_dim, ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), scale, softcap,
-                      window_left, window_right, _TOP_LEFT if top_left else _BOTTOM_RIGHT, alibi,
-                      alibi_batch_stride, dropout_p, seed, offset)
+    problem = _C.Problem(_KERNEL_DTYPES[dtype], d.batch, d.seqlen_q, d.seqlen_k, d.total_q, d.total_k, d.heads_q,
+                         d.heads_k, d.head_dim, ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), scale, softcap,
+                         window_left, window_right, _TOP_LEFT if top_left else _BOTTOM_RIGHT, alibi,
+                         alibi_batch_stride, dropout_p, seed, offset)
+    if plain:
+        if len(_PROBLEMS) >= 256:  # a bound, for programs that call with ever new shapes
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
+
+
+_PROBLEMS: dict = {}
 
 
 _TOP_LEFT, _BOTTOM_RIGHT = _C.MaskAlign.top_left, _C.MaskAlign.bottom_right
@@ -414,11 +433,15 @@ def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = N
         inputs = (q, k, v) + tuple(inputs[3:])
     # The tensors of the call: q, k, v, cu_seqlens_q/k, seqused_k, alibi_slopes, rng_state (the
     # op's other arguments are numbers, which its checks enforce), out and s_aux.
-    tensors = [x for x in (q, k, v, inputs[3], inputs[4], inputs[5], inputs[13], inputs[17]) if isinstance(x, Tensor)]
-    eager = (not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-             and all(type(x) is Tensor for x in tensors) and (out is None or type(out) is Tensor)
-             and (s_aux is None or type(s_aux) is Tensor) and (q.is_cuda or q.is_cpu))
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+    tensors = (q, k, v) + tuple(x for x in (inputs[3], inputs[4], inputs[5], inputs[13], inputs[17])
+                                if isinstance(x, Tensor))
+    eager = (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+             and (len(tensors) == 3 or all(type(x) is Tensor for x in tensors))
+             and (out is None or type(out) is Tensor) and (s_aux is None or type(s_aux) is Tensor)
+             and (q.is_cuda or q.is_cpu) and not torch.compiler.is_compiling()
+             and not torch._C._are_functorch_transforms_active())
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                        any(x.requires_grad for x in tensors[3:]))
     direct = None  # the caller's out, when the kernel writes it
     if not eager:
         result = torch.ops.fmha.fwd(*inputs)
