@@ -84,8 +84,11 @@ void fwd(const fmha_fwd_params& p) {
   while (chunk > 1 && heads * ceil_div(row_blocks, chunk) < 2 * (int64_t)num_threads()) chunk = (chunk + 1) / 2;
   const int64_t chunks = ceil_div(row_blocks, chunk);
   parallel_for(heads * chunks, [&](int64_t item) {
-    // Later query blocks see more keys under a causal mask: hand them out first.
-    const int32_t cb = (int32_t)(chunks - 1 - item % chunks);
+    // Later query blocks see more keys under a causal mask: a head's chunks go heaviest,
+    // lightest, second heaviest, second lightest, ..., so that any run of consecutive items
+    // (a thread's share, parallel.cpp) holds about as much work as any other of its length.
+    const int64_t turn = item % chunks;
+    const int32_t cb = (int32_t)(turn % 2 == 0 ? chunks - 1 - turn / 2 : turn / 2);
     const int32_t h = (int32_t)((item / chunks) % pr.num_heads_q);
     const int32_t b = (int32_t)(item / (chunks * pr.num_heads_q));
     const Head hd(pr, b, h);

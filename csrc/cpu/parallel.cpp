@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <pthread.h>
 #include <thread>
@@ -33,16 +34,17 @@ namespace {
 // a small call that the caller finishes alone costs no wake-up (waiting for every worker
 // put a sleeping thread's wake-up, tens of microseconds, on each call).
 //
-// Items are claimed through one shared counter (so a call whose items differ in cost, a
-// causal one with its heaviest items first, stays balanced), but the counter's tickets are
-// dealt out region by region: with T participants the items form T contiguous regions and
-// tickets t, t + 1, ... go to regions 0, 1, ..., T - 1 in turn, so the items that run at
-// the same time lie far apart in memory.  Neighbouring items read and write neighbouring
-// memory (the heads of one sequence are interleaved in a (B, S, H, D) tensor): taken in
-// order, two threads ran alternate items and each one's hardware prefetches ran into the
-// other's rows (fp32, B = 8, S = 128, H = 2, D = 128, two threads: forward 0.63 -> 0.56 ms,
-// backward 1.63 -> 1.38-1.52 ms).  A contiguous range per thread did as well there, but
-// handed one thread all the heavy items of a causal call (B = 1, H = 1, S = 4096: 12% slower).
+// Each participant owns a contiguous range of the items, claimed in order through its own
+// counter, and then helps with the others' ranges.  Neighbouring items read and write
+// neighbouring memory (the heads of one sequence are interleaved in a (B, S, H, D) tensor):
+// with one shared counter the two threads took alternate items, and each one's hardware
+// prefetches ran into the other's rows (fp32, B = 8, S = 128, H = 2, D = 128, two threads:
+// forward 0.63 -> 0.56 ms, backward 1.63 -> 1.38-1.52 ms).  One shared counter whose
+// tickets went to the ranges in turn kept the threads apart too, but a thread's next item
+// was not always its last one's neighbour: fp32 D = 128 non-causal 0.93-0.98x torch in the
+// benchmark against 0.98-1.00x with ranges, in the same hour.  Ranges split the items by
+// count, so a caller whose items differ in cost orders them so that every run of items
+// holds a like share (the causal forward, attention_fwd.cpp).
 class Pool {
  public:
   // Never destroyed: workers may outlive static destructors.  A forked child has none of
@@ -61,16 +63,18 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       fn_ = &fn;
-      n_ = n;
-      regions_ = workers + 1;
-      next_.store(0);
+      parts_ = workers + 1;
+      for (int part = 0; part < parts_; ++part) {
+        ranges_[part].next.store(n * part / parts_, std::memory_order_relaxed);
+        ranges_[part].end = n * (part + 1) / parts_;
+      }
       error_ = nullptr;
       active_ = workers;
       open_ = true;
       ++generation_;
     }
     wake_.notify_all();
-    work();  // the caller takes part as one more worker, until every item is claimed
+    work(0);  // the caller takes part as participant 0, until every item is claimed
     {
       std::lock_guard<std::mutex> lock(mutex_);
       open_ = false;  // no worker joins from here on
@@ -92,6 +96,10 @@ class Pool {
   }
 
   void grow(int workers) {
+    if (workers + 1 > capacity_) {  // no worker is inside work() between calls
+      ranges_.reset(new Range[workers + 1]);
+      capacity_ = workers + 1;
+    }
     while ((int)threads_.size() < workers) {
       const int index = (int)threads_.size();
       threads_.emplace_back([this, index] { loop(index); });
@@ -127,30 +135,26 @@ class Pool {
         if (join) joined_.fetch_add(1, std::memory_order_relaxed);
       }
       if (join) {
-        work();
+        work(index + 1);
         joined_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
   }
 
-  // The item of ticket t: region t % R, its (t / R)-th item, for R regions of n / R items
-  // (the first n % R of them one more), the last round of tickets covering only those.
-  int64_t item_of(int64_t t) const {
-    const int64_t R = regions_, q = n_ / R, rem = n_ % R;
-    const int64_t round = t < q * R ? t / R : q, region = t < q * R ? t % R : t - q * R;
-    return region * q + std::min(region, rem) + round;
-  }
-
-  void work() {
+  // Participant `self`'s own range first, then the others' in turn.
+  void work(int self) {
     const bool was_in_pool = in_pool_;
     in_pool_ = true;
-    for (int64_t t = next_.fetch_add(1); t < n_; t = next_.fetch_add(1)) {
-      try {
-        (*fn_)(item_of(t));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(n_);
+    for (int k = 0; k < parts_; ++k) {
+      Range& range = ranges_[(self + k) % parts_];
+      for (int64_t i = range.next.fetch_add(1); i < range.end; i = range.next.fetch_add(1)) {
+        try {
+          (*fn_)(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!error_) error_ = std::current_exception();
+          for (int part = 0; part < parts_; ++part) ranges_[part].next.store(ranges_[part].end);
+        }
       }
     }
     in_pool_ = was_in_pool;
@@ -165,11 +169,15 @@ class Pool {
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> joined_{0};  // workers inside the open call's work()
-  std::atomic<int64_t> next_{0};  // the next ticket
+  // The open call's ranges: participant p's items are [next, end) of ranges_[p], p < parts_.
+  struct alignas(64) Range {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::unique_ptr<Range[]> ranges_;
+  int capacity_ = 0, parts_ = 0;
   bool open_ = false;
   int active_ = 0;
-  int regions_ = 1;
-  int64_t n_ = 0;
   const std::function<void(int64_t)>* fn_ = nullptr;
   std::exception_ptr error_;
 };
