@@ -55,6 +55,9 @@ def _int(x, name: str, minimum: int) -> int:
     return x
 
 
+_INF = math.inf
+
+
 def _float(x, name: str) -> float:
     if type(x) is float and math.isfinite(x):
         return x
@@ -209,14 +212,19 @@ def attention_inputs(
                 f"batch x nheads), got {tuple(alibi_slopes.shape)}"
             )
         _same_device(alibi_slopes, "alibi_slopes", q)
-    _float(scale, "softmax_scale")
-    if _float(softcap, "softcap") < 0:
-        raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
-    _int(window_left, "window_size[0]", -1)
-    _int(window_right, "window_size[1]", -1)
-    p = _float(dropout_p, "dropout_p")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    # Options of the common types and in range pass in one test (each check below is a call:
+    # a small call's host time); anything else gets the checks that name it.
+    if not (type(scale) is float and type(softcap) is float and type(dropout_p) is float
+            and type(window_left) is int and type(window_right) is int and -_INF < scale < _INF
+            and 0.0 <= softcap < _INF and 0.0 <= dropout_p < 1.0 and window_left >= -1 and window_right >= -1):
+        _float(scale, "softmax_scale")
+        if _float(softcap, "softcap") < 0:
+            raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
+        _int(window_left, "window_size[0]", -1)
+        _int(window_right, "window_size[1]", -1)
+        p = _float(dropout_p, "dropout_p")
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     return Dims(batch, seqlen_q, seqlen_k, total_q, total_k, heads_q, heads_k, head_dim, varlen)
 
 

@@ -27,10 +27,12 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
                s_aux=None, learnable_sink=None, descales=(None, None, None)):
     """Every flash_attn function's call.  descales: (q, k, v)_descale, checked by the caller
     (_input_descales); read for fp8 inputs (_attention_fp8), unused for the others."""
-    q, k, v = _checks.contiguous_last(q), _checks.contiguous_last(k), _checks.contiguous_last(v)
-    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            _checks._tensor(x, name)
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):  # (the common case, first)
+        q, k, v = _checks.contiguous_last(q), _checks.contiguous_last(k), _checks.contiguous_last(v)
+        if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                _checks._tensor(x, name)
     if _checks.is_fp8(q, k, v):
         return _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                               dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -47,7 +49,9 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max
         bool(return_attn_probs) and dropout_p > 0, None, out=out, s_aux=s_aux)
     if return_lse:
         return out, lse
-    return (out, lse, probs) if return_attn_probs else out
+    if return_attn_probs:
+        return out, lse, q.new_empty(0) if probs is None else probs
+    return out
 
 
 def _attention_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -87,10 +91,11 @@ def _fixed(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
             _checks._tensor(x, name)
             if x.dim() != 4:
                 raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
-    _input_descales(q, k, q.shape[0], *descales)
-    return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                      out=out, s_aux=s_aux, learnable_sink=learnable_sink, descales=descales)
+    if descales[0] is not None or descales[1] is not None or descales[2] is not None:
+        _input_descales(q, k, q.shape[0], *descales)
+    return _attention(q, k, v, None, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs, False, out, False,
+                      s_aux, learnable_sink, descales)
 
 
 def _unpack(x, name: str, count: int, dim: int):

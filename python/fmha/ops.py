@@ -20,6 +20,11 @@ from ._backend import _DTYPES, capturing, fmha_device, ptr, stream_handle, view
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable: it holds nothing
+# CPU tensors' backend; with them the stream (0) and the device guard (none) are known
+# without asking the device, whose .type makes a new string each time (a small call's
+# host time, the more so after a large kernel has evicted it from the caches).
+_CPU = _C.Device.cpu
+_CPU_WORKSPACE = functools.partial(torch.empty, dtype=torch.uint8, device="cpu")
 
 
 def _device_guard(device: torch.device):
@@ -96,7 +101,7 @@ def _vector_rows(device: torch.device, dtype: torch.dtype) -> bool:
     tensor-core kernels (fp16/bf16), CUDA and HIP alike.  Their callers here pad head dims and
     copy misaligned tensors; the tests also turn it on for the CPU backend (which takes any
     layout), so that this padding and copying is checked where CI runs."""
-    return device.type == "cuda" and dtype != torch.float32
+    return dtype != torch.float32 and device.type == "cuda"
 
 
 def _vector_head_dim(device: torch.device, dtype: torch.dtype, head_dim: int) -> int:
@@ -139,9 +144,12 @@ def _fwd_impl(
     d = _checks.attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                                  max_seqlen_k, scale, softcap, window_left, window_right,
                                  alibi_slopes, dropout_p)
-    return _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
-                        softcap, window_left, window_right, top_left, alibi_slopes, dropout_p, deterministic,
-                        return_probs, rng_state)[:4]
+    out, lse, rng_state, probs, _ = _fwd_checked(
+        d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap, window_left,
+        window_right, top_left, alibi_slopes, dropout_p, deterministic, return_probs, rng_state)
+    if rng_state is None:
+        rng_state = torch.zeros(2, dtype=torch.int64)
+    return out, lse, rng_state, q.new_empty(0) if probs is None else probs
 
 
 def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, softcap,
@@ -150,11 +158,13 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     """_fwd_impl after its argument checks, which gave d.  `out` (checked by the caller): the
     kernel writes the result there when it can address it (on a GPU, 16-bit tensors need
     16-byte aligned rows and a head dim that is a multiple of 8); otherwise the result is
-    computed into a buffer and copied there.  Returns _fwd_impl's results and the libfmha
-    problem, which a backward of the same call may reuse (its pointers are those of
-    cu_seqlens_q, cu_seqlens_k, seqused_k and alibi_slopes when these are contiguous)."""
-    device = q.device
-    backend = fmha_device(device)
+    computed into a buffer and copied there.  Returns _fwd_impl's results, except that the
+    RNG state is None without dropout and the probabilities None unless asked for (two
+    tensors fewer to make: a small call's host time), and the libfmha problem, which a
+    backward of the same call may reuse (its pointers are those of cu_seqlens_q,
+    cu_seqlens_k, seqused_k and alibi_slopes when these are contiguous)."""
+    device, gpu = q.device, not q.is_cpu
+    backend = fmha_device(device) if gpu else _CPU
     metadata = cu_seqlens_q is not None or seqused_k is not None
     if metadata or alibi_slopes is not None:
         cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = map(
@@ -175,7 +185,7 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
                              f"of shape {tuple(rng_state.shape)}")
         rng_state = rng_state.detach().to("cpu").clone()
     else:
-        rng_state = torch.zeros(2, dtype=torch.int64)
+        rng_state = None
 
     head_dim = d.head_dim
     d_kernel = _vector_head_dim(device, q.dtype, head_dim)
@@ -188,14 +198,14 @@ def _fwd_checked(d, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
     if out is None or d_kernel != head_dim or (vector and not _vector_aligned(out)):
         out = _empty_as(q)
     lse = torch.empty(_lse_shape(d), dtype=torch.float32, device=device)
-    probs = torch.empty(_probs_shape(d), dtype=q.dtype, device=device) if return_probs else q.new_empty(0)
+    probs = torch.empty(_probs_shape(d), dtype=q.dtype, device=device) if return_probs else None
 
     problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap, window_left,
                        window_right, top_left, alibi_slopes, dropout_p, rng_state)
     probs_view = (probs.data_ptr(), probs.stride(0), probs.stride(2), probs.stride(1)) if return_probs else None
-    with _device_guard(device):
-        _C.fwd(backend, stream_handle(device), problem, view(q, d.varlen), view(k, d.varlen), view(v, d.varlen),
-               view(out, d.varlen), lse.data_ptr(), probs_view)
+    with _device_guard(device) if gpu else _NO_GUARD:
+        _C.fwd(backend, stream_handle(device) if gpu else 0, problem, view(q, d.varlen), view(k, d.varlen),
+               view(v, d.varlen), view(out, d.varlen), lse.data_ptr(), probs_view)
     if d_kernel != head_dim:
         out = out[..., :head_dim]
     if user_out is not None and out is not user_out:
@@ -251,8 +261,8 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
     for name, t in (("lse", lse), ("dlse", dlse)):
         if t is not None and (tuple(t.shape) != lse_shape or t.dtype != torch.float32):
             raise ValueError(f"{name} must be float32 of shape {lse_shape}, got {t.dtype} {tuple(t.shape)}")
-    device = q.device
-    backend = fmha_device(device)
+    device, gpu = q.device, not q.is_cpu
+    backend = fmha_device(device) if gpu else _CPU
     dout, out = _checks.contiguous_last(dout), _checks.contiguous_last(out)
     lse, dlse = lse.contiguous(), _contiguous_small(dlse)
 
@@ -268,9 +278,12 @@ def _bwd_checked(d, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
             _contiguous_small, (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes))
         problem = _problem(d, q.dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, softcap, window_left,
                            window_right, top_left, alibi_slopes, dropout_p, rng_state)
-    with _device_guard(device):
-        _C.bwd(backend, stream_handle(device), problem, *(view(t, d.varlen) for t in (q, k, v, out, dout, dq, dk, dv)),
-               lse.data_ptr(), ptr(dlse), deterministic, functools.partial(torch.empty, dtype=torch.uint8, device=device))
+    workspace = functools.partial(torch.empty, dtype=torch.uint8, device=device) if gpu else _CPU_WORKSPACE
+    vl = d.varlen
+    with _device_guard(device) if gpu else _NO_GUARD:
+        _C.bwd(backend, stream_handle(device) if gpu else 0, problem, view(q, vl), view(k, vl), view(v, vl),
+               view(out, vl), view(dout, vl), view(dq, vl), view(dk, vl), view(dv, vl), lse.data_ptr(), ptr(dlse),
+               deterministic, workspace)
     if d_kernel != head_dim:
         dq, dk, dv = (x[..., :head_dim] for x in (dq, dk, dv))
     return dq, dk, dv
@@ -348,7 +361,9 @@ class _EagerAttention(torch.autograd.Function):
         # Gradients that are not given stay None (no zero LSE gradient is made and read),
         # and the RNG state and probabilities have none.
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(output[2], output[3])
+        for x in output[2:]:
+            if x is not None:
+                ctx.mark_non_differentiable(x)
         return tuple(output)
 
     @staticmethod
@@ -408,9 +423,10 @@ def apply_sink(out: Tensor, lse: Tensor, s_aux: Tensor, varlen: bool, in_place: 
 
 
 def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = None
-              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """torch.ops.fmha.fwd's arguments and results, plus two features composed around the op
-    here, once, for every entry point:
+              ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """torch.ops.fmha.fwd's arguments and results (on eager calls the RNG state is None
+    without dropout, and the probabilities None unless asked for), plus two features
+    composed around the op here, once, for every entry point:
 
     * v may have a head dim other than q's and k's (then k and v differ in the last
       dimension only): the narrower of q/k and v is zero-padded to the wider head dim (the
@@ -436,27 +452,26 @@ def attention(*inputs, out: Optional[Tensor] = None, s_aux: Optional[Tensor] = N
         width = _vector_head_dim(q.device, q.dtype, max(head_dim_v, q.shape[-1]))
         q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] != width else x for x in (q, k, v))
         inputs = (q, k, v) + tuple(inputs[3:])
-    # The tensors of the call: q, k, v, cu_seqlens_q/k, seqused_k, alibi_slopes, rng_state (the
-    # op's other arguments are numbers, which its checks enforce), out and s_aux.
-    tensors = (q, k, v) + tuple(x for x in (inputs[3], inputs[4], inputs[5], inputs[13], inputs[17])
-                                if isinstance(x, Tensor))
+    # The call's other tensors, cu_seqlens_q/k, seqused_k, alibi_slopes and rng_state (the op's
+    # other arguments are numbers, which its checks enforce); then out and s_aux.
+    others = () if (inputs[3] is None and inputs[4] is None and inputs[5] is None and inputs[13] is None
+                     and inputs[17] is None) else tuple(
+        x for x in (inputs[3], inputs[4], inputs[5], inputs[13], inputs[17]) if isinstance(x, Tensor))
     eager = (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-             and (len(tensors) == 3 or all(type(x) is Tensor for x in tensors))
+             and (len(others) == 0 or all(type(x) is Tensor for x in others))
              and (out is None or type(out) is Tensor) and (s_aux is None or type(s_aux) is Tensor)
              and (q.is_cuda or q.is_cpu) and not torch.compiler.is_compiling()
              and not torch._C._are_functorch_transforms_active())
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                        any(x.requires_grad for x in tensors[3:]))
+                                        (len(others) > 0 and any(x.requires_grad for x in others)))
     direct = None  # the caller's out, when the kernel writes it
     if not eager:
         result = torch.ops.fmha.fwd(*inputs)
     elif grad:
         result = _EagerAttention.apply(q, k, v, tuple(inputs[3:]))
-    elif out is not None and not head_dim_v:
-        result = _fwd_checked(_input_dims(inputs), *inputs, out=out)[:4]
-        direct = out
-    else:
-        result = _fwd_impl(*inputs)  # nothing to differentiate: no autograd node either
+    else:  # nothing to differentiate: no autograd node either
+        direct = out if not head_dim_v else None
+        result = _fwd_checked(_input_dims(inputs), *inputs, direct)[:4]
     o, lse = result[0], result[1]
     if s_aux is not None:
         sink_grad = torch.is_grad_enabled() and s_aux.requires_grad
