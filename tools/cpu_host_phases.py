@@ -7,7 +7,7 @@ the least any Python-level path can cost.
     python tools/cpu_host_phases.py 8,128,2,128 1,1024,2,128 [--floor] [--calls 40]
 
 Each shape is B,S,H,D (fp32, (B, S, H, D) layout).  The host time after a large kernel is
-several times that of a small one (benchmarks/results/2026-12-04-cpu/host_time.txt): the
+several times that of a small one (benchmarks/results/2026-12-05-cpu/host_time.txt): the
 kernel's data have pushed the interpreter's out of the caches.
 """
 

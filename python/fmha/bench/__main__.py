@@ -70,7 +70,7 @@ def check_fmha(case: Case, device) -> float:
 
 # On the CPU the peers of a shape are timed in rounds that alternate between them, and each
 # one's result is the median over its rounds' runs: this project's 2-core VM changes speed
-# by 1.5-4x from one window of seconds to the next (benchmarks/results/2026-12-04-cpu),
+# by 1.5-4x from one window of seconds to the next (benchmarks/results/2026-12-05-cpu),
 # so timing one library for a whole budget and then the next compared different windows.
 # A GPU's clocks hold still: one round.
 CPU_ROUNDS = 5
