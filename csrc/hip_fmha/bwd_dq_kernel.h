@@ -106,10 +106,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const fmha_bwd_para
         acc_s, [&](int m, int s) { return frag_rows<N>(sK, m * N, kK * s, lane); }, [&](int s) { return rQ[s]; });
     score.apply<K::kScoreMod>(acc_s, th, ScoreCoords<true, N>{n0, m0 + q0, lane},
                              score.needs_mask(m0, m1, n0, kBlockN));
-#pragma unroll
-    for (int m = 0; m < kBlockN / N; ++m)
-#pragma unroll
-      for (int r = 0; r < Mfma<N>::kRegs; ++r) acc_s[m][r] = fast_exp2(fmaf(acc_s[m][r], score.post_scale, -lse));
+    exp2_row<N>(acc_s, score.post_scale, lse);  // P^T = exp2(S^T - LSE); its sum is not needed
 
     // dP^T = V dO^T, then dS^T.
     Acc<N> acc_dp[kBlockN / N];

@@ -180,8 +180,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const fmha_bwd_params 
       for (int g = 0; g < Mfma<N>::kRegs / 4; ++g) {
         const int row = m * N + acc_row<N>(4 * g, lane);  // four consecutive query rows
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc_s[m][4 * g + e] = fast_exp2(fmaf(acc_s[m][4 * g + e], score.post_scale, -sLse[row + e]));
+        for (int e = 0; e < 4; ++e) exp2_row<N>(acc_s[m], 4 * g + e, score.post_scale, sLse[row + e]);
       }
 
     // dP = dO V^T, then dS and dropout(P).

@@ -128,6 +128,13 @@ FMHA_DEVICE void mul_row(Acc<N> (&s)[B], float f) {
 #pragma unroll
   for (int b = 0; b < B; ++b) s[b] *= f;
 }
+// exp2_row over a score tile whose query rows run down the registers (the backward's S):
+// its element r in this lane, whose row's reference the caller gives, P = exp2(s * scale -
+// ref) in place; returns that P.
+template <int N>
+FMHA_DEVICE float exp2_row(Acc<N>& s, int r, float scale, float ref) {
+  return s[r] = fast_exp2(fmaf(s[r], scale, -ref));
+}
 
 template <int N, int B>
 FMHA_DEVICE void clear(Acc<N> (&c)[B]) {
