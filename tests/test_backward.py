@@ -353,3 +353,56 @@ if FULL:
     def test_full_sweep(device, d, seqlens, causal, dtype):
         q, k, v = qkv(2, *seqlens, 4, 2, d, dtype)
         check_backward(device, q, k, v, flash_call(causal=causal), dict(causal=causal))
+
+
+
+SPLIT_CASES = {
+    # (B, Sq, Sk, Hq, Hk, D, options): one (sequence, KV head) pair or two, so that more
+    # threads than pairs split the CPU backward's work (bwd_split in attention_bwd.cpp).
+    "mha-causal-3-chunks": (1, 1100, 1100, 1, 1, 128, dict(causal=True)),
+    "gqa-window-softcap": (1, 300, 450, 6, 2, 40, dict(window_size=(100, 20), softcap=20.0)),
+    "alibi-dropout": (2, 97, 130, 2, 1, 64, dict(alibi_slopes=torch.tensor([0.3, 0.05]), dropout_p=0.2)),
+    "varlen-empty-sequence": None,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_cpu_backward_split_over_threads(case, dtype, monkeypatch):
+    """Where a call's (sequence, KV head) pairs are fewer than the threads, the CPU backward
+    cuts each pair's keys into ranges for dK and dV and its query heads' rows into ranges for
+    dQ, the same tiles in the same orders of summation as one item per pair: the gradients
+    (an LSE gradient included) must be bit-identical to one thread's, and match float64."""
+    torch.manual_seed(5)
+    if SPLIT_CASES[case] is None:
+        seqs_q, seqs_k, hq, hk, d, opts = [70, 0, 300], [90, 40, 260], 3, 1, 96, dict(causal=True)
+        q, k, v = (randn(sum(s), h, d, dtype=dtype) for s, h in ((seqs_q, hq), (seqs_k, hk), (seqs_k, hk)))
+        cu = [torch.tensor([0] + list(itertools.accumulate(s)), dtype=torch.int32) for s in (seqs_q, seqs_k)]
+        call = varlen_call(cu[0], cu[1], max(seqs_q), max(seqs_k), **opts)
+        ref_opts = dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], **opts)
+    else:
+        B, sq, sk, hq, hk, d, opts = SPLIT_CASES[case]
+        q, k, v = qkv(B, sq, sk, hq, hk, d, dtype)
+        call = flash_call(**opts)
+        ref_opts = opts
+    dout = torch.randn(q.shape).to(dtype)
+
+    def grads(threads, with_dlse=True):
+        monkeypatch.setenv("FMHA_NUM_THREADS", str(threads))
+        torch.manual_seed(11)  # the same dropout mask on every run
+        ql, kl, vl = (leaf(t) for t in (q, k, v))
+        out, lse = call(ql, kl, vl)
+        dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(2))
+        dlse = torch.where(torch.isfinite(lse), dlse, 0.) if with_dlse else torch.zeros_like(lse)
+        torch.autograd.backward([out, lse], [dout, dlse])
+        return out, ql.grad, kl.grad, vl.grad
+
+    one = grads(1)
+    split = grads(7)  # more threads than pairs: the split path, whatever this machine's cores
+    for name, a, b in zip(("out", "dq", "dk", "dv"), one, split):
+        assert_all_finite(b, name)
+        assert torch.equal(a, b), f"{case}: {name} differs between one thread and the split backward"
+    if "dropout_p" not in opts:
+        _, _, *ref = attention_ref_grads(q, k, v, dout, **ref_opts)
+        for name, got, want in zip(("dq", "dk", "dv"), grads(7, with_dlse=False)[1:], ref):
+            assert_close(got, want, GRAD_TOL[dtype], f"{case}: {name}")

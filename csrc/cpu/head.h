@@ -249,6 +249,16 @@ inline const float* key_rows_f32(const fmha_problem& p, const Sequence& seq, con
   return dst;
 }
 
+// What one call of the backward's tile kernel (bwd_head, tiles.inc) computes for KV head hk
+// of sequence b: dK and dV of keys [k_begin, k_end) (none when empty) and, with dq, dQ of
+// query rows [q_begin, q_end) (q_begin a multiple of the kernel's block rows) of the
+// group's query heads [g_begin, g_end).
+struct BwdPart {
+  int32_t k_begin, k_end;
+  bool dq;
+  int32_t g_begin, g_end, q_begin, q_end;
+};
+
 // Varlen rows of the packed q (or k) that belong to no sequence: [0, cu[0]) and [cu[B], total).
 // Outputs there are written too (zeros, LSE -inf), so every output element is defined.
 inline std::vector<int32_t> rows_outside_sequences(const int32_t* cu, int32_t batch, int32_t total) {
