@@ -21,10 +21,28 @@ size_t bwd_workspace_size(const fmha_bwd_params&) { return 0; }
 
 namespace {
 
-// One part of the backward of KV head hk of sequence b (BwdPart) on the tile kernels, with
-// fp32 copies of the keys and values it reads: its own for dK and dV alone, all for dQ.
+// Whether the backward runs on AMX tiles (bf16 where the CPU has them, amx.inc).
+bool bwd_amx(const fmha_problem& pr) {
+#if FMHA_CPU_X86_SECTIONS
+  return pr.dtype == FMHA_DTYPE_BFLOAT16 && pr.head_dim % 32 == 0 && amx_bf16();
+#else
+  (void)pr;
+  return false;
+#endif
+}
+
+// One part of the backward of KV head hk of sequence b (BwdPart): on AMX tiles with its own
+// packs of the keys and values it reads, or on the vector tiles with fp32 copies of them
+// (its own keys for dK and dV alone, all of them for dQ).
 void bwd_part(const fmha_bwd_params& p, int32_t b, int32_t hk, const BwdPart& part, const float* delta) {
   const fmha_problem& pr = p.problem;
+#if FMHA_CPU_X86_SECTIONS
+  if (bwd_amx(pr)) {
+    avx512::bwd_head_amx(p, b, hk, part, delta);
+    ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
+    return;
+  }
+#endif
   const Sequence seq = Sequence::get(pr, b);
   const int32_t k0 = part.dq ? 0 : part.k_begin, k1 = part.dq ? seq.k_rows : part.k_end;
   const float* keys = key_rows_f32(pr, seq, p.k, hk, k0, k1, ThreadScratch::kItemKeys);
@@ -43,7 +61,11 @@ void bwd_part(const fmha_bwd_params& p, int32_t b, int32_t hk, const BwdPart& pa
 void bwd_split(const fmha_bwd_params& p, const float* delta, int threads) {
   const fmha_problem& pr = p.problem;
   const int64_t pairs = (int64_t)pr.batch * pr.num_heads_k, heads = (int64_t)pr.batch * pr.num_heads_q;
-  const int32_t group = pr.num_heads_q / pr.num_heads_k, block = tile_rows();
+  int32_t block = tile_rows();  // dQ ranges start on the kernel's row blocks
+#if FMHA_CPU_X86_SECTIONS
+  if (bwd_amx(pr)) block = avx512::kAmxBwdRows;
+#endif
+  const int32_t group = pr.num_heads_q / pr.num_heads_k;
   constexpr int32_t kTile = 64;  // the kernels' key tile: ranges start on its grid
   const int64_t kv_parts = std::max<int64_t>(1, std::min<int64_t>(ceil_div(threads, pairs), ceil_div(pr.seqlen_k, kTile)));
   const int64_t dq_parts = std::max<int64_t>(1, std::min<int64_t>(ceil_div(threads, heads), ceil_div(pr.seqlen_q, block)));
@@ -94,15 +116,10 @@ void bwd(const fmha_bwd_params& p) {
   // (bf16 where the CPU has AMX, amx.inc) its own packs of them; the item takes its query
   // heads' D_i first (one parallel call where a pass of its own made two: fp32, B = 8,
   // S = 128, H = 2, D = 128, two threads, 1.26-1.30 -> 1.27 ms, level).  Where those items
-  // are fewer than the threads, the tile kernels' work is split further (bwd_split).
-#if FMHA_CPU_X86_SECTIONS
-  const bool amx = pr.dtype == FMHA_DTYPE_BFLOAT16 && D % 32 == 0 && amx_bf16();
-#else
-  const bool amx = false;
-#endif
+  // are fewer than the threads, their work is split further (bwd_split).
   const int64_t pairs = (int64_t)pr.batch * pr.num_heads_k;
   const int threads = num_threads();
-  if (!amx && pairs < threads) {
+  if (pairs < threads) {
     parallel_for((int64_t)pr.batch * pr.num_heads_q, [&](int64_t item) {
       delta_rows((int32_t)(item / pr.num_heads_q), (int32_t)(item % pr.num_heads_q));
     });
@@ -111,13 +128,6 @@ void bwd(const fmha_bwd_params& p) {
     parallel_for(pairs, [&](int64_t item) {
       const int32_t b = (int32_t)(item / pr.num_heads_k), hk = (int32_t)(item % pr.num_heads_k);
       for (int32_t h = hk * group; h < (hk + 1) * group; ++h) delta_rows(b, h);
-#if FMHA_CPU_X86_SECTIONS
-      if (amx) {
-        avx512::bwd_head_amx(p, b, hk, delta.data());
-        ThreadScratch::get(ThreadScratch::kItemKeys).trim(KeyRowsF32::kKeepBytes);
-        return;
-      }
-#endif
       const Sequence seq = Sequence::get(pr, b);
       bwd_part(p, b, hk, BwdPart{0, seq.k_rows, true, 0, group, 0, seq.len_q}, delta.data());
     });
