@@ -61,12 +61,12 @@ void bwd_part(const fmha_bwd_params& p, int32_t b, int32_t hk, const BwdPart& pa
 void bwd_split(const fmha_bwd_params& p, const float* delta, int threads) {
   const fmha_problem& pr = p.problem;
   const int64_t pairs = (int64_t)pr.batch * pr.num_heads_k, heads = (int64_t)pr.batch * pr.num_heads_q;
-  int32_t block = tile_rows();  // dQ ranges start on the kernel's row blocks
+  // dQ ranges start on the kernel's row blocks, key ranges on its key-tile grid.
+  int32_t block = tile_rows(), kTile = generic::kBlockN;
 #if FMHA_CPU_X86_SECTIONS
-  if (bwd_amx(pr)) block = avx512::kAmxBwdRows;
+  if (bwd_amx(pr)) block = avx512::kAmxBwdRows, kTile = avx512::kAmxBwdKeys;
 #endif
   const int32_t group = pr.num_heads_q / pr.num_heads_k;
-  constexpr int32_t kTile = 64;  // the kernels' key tile: ranges start on its grid
   const int64_t kv_parts = std::max<int64_t>(1, std::min<int64_t>(ceil_div(threads, pairs), ceil_div(pr.seqlen_k, kTile)));
   const int64_t dq_parts = std::max<int64_t>(1, std::min<int64_t>(ceil_div(threads, heads), ceil_div(pr.seqlen_q, block)));
   parallel_for(pairs * kv_parts + heads * dq_parts, [&](int64_t item) {
