@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -lse[e / 2]));
+      for (int e = 0; e < 4; ++e) exp2_row(acc_s[0], n, e, score.post_scale, lse[e / 2]);  // P = exp2(S - LSE)
     clear(acc_dp);
     gemm<K::kHeadDim, false, false, TileQ, TileKV, 1, kNT, T>(acc_dp, a_do, row0, 0, ldsm_b<TileKV>(sVs, lane), 0);
     make_ds<K::kDropout, K::kScoreMod>(acc_s, acc_dp, th, delta, drop, bh, m0 + row0, 0, n0, lane);

@@ -418,8 +418,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     for (int n = 0; n < kNT; ++n) {
       const float2 l = *reinterpret_cast<const float2*>(lse_st + n * 8 + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc_s[0][n][e] = fast_exp2(fmaf(acc_s[0][n][e], score.post_scale, -(e % 2 ? l.y : l.x)));
+      for (int e = 0; e < 4; ++e) exp2_row(acc_s[0], n, e, score.post_scale, e % 2 ? l.y : l.x);
     }
     wgmma_wait<0>();
     fence_operand(acc_dp[0]);

@@ -273,6 +273,14 @@ __device__ __forceinline__ float exp2_row(float (&acc)[NT][4], int r, float scal
   }
   return kSum == RowSum::kChain ? sum[0] : sum[0] + sum[1];
 }
+// exp2_row element by element, where the caller gives each element's reference (the
+// backward's tiles: a query's LSE per row, or per column in the sm_90a backward's S^T):
+// element (n, e) of this lane, P = exp2(s * scale - ref) in place; returns that P.  HIP's
+// tile layer has the same overload (hip_fmha/tile/mfma.h).
+template <int NT>
+__device__ __forceinline__ float exp2_row(float (&acc)[NT][4], int n, int e, float scale, float ref) {
+  return acc[n][e] = fast_exp2(fmaf(acc[n][e], scale, -ref));
+}
 template <int NT>
 __device__ __forceinline__ void mul_row(float (&acc)[NT][4], int r, float f) {
 #pragma unroll
