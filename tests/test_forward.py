@@ -272,3 +272,23 @@ def test_window_size_any_pair_of_integers(device):
     for w in ([7, 3], (np.int64(7), np.int32(3)), np.array([7, 3]), torch.tensor([7, 3]),
               torch.tensor([7, 3], dtype=torch.int32)):
         assert torch.equal(fmha.flash_attn_func(q, k, v, window_size=w), want), f"window_size={w!r}"
+
+
+# The CPU forward computes neighbouring 32-row blocks that see the same keys of a key tile in
+# one pass over its rows (on AVX-512); a row's result must not depend on that: each slice of
+# query rows alone (one block, nothing to pair with) gives the rows of the whole call bit for
+# bit.  Non-causal (a slice's rows keep their keys: masks aligned bottom-right would move),
+# with softcap, GQA, and key counts that end mid-tile, past the forward's key chunks
+# (D = 128: 256 keys), and of one tile (D = 64, 60 keys).
+@pytest.mark.parametrize("d,sk,opts", [(128, 600, {}), (64, 60, {}), (64, 300, dict(softcap=5.0)),
+                                       (256, 130, {})],
+                         ids=["d128-sk600", "d64-sk60", "d64-sk300-softcap", "d256-sk130"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_cpu_rows_independent_of_blocking(d, sk, opts, dtype):
+    q = randn(2, 150, 4, d, dtype=dtype)
+    k, v = randn(2, sk, 2, d, dtype=dtype), randn(2, sk, 2, d, dtype=dtype)
+    out, lse, _ = fmha.flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    for i0, i1 in [(0, 32), (32, 64), (64, 96), (100, 150), (149, 150)]:
+        part, part_lse, _ = fmha.flash_attn_func(q[:, i0:i1], k, v, return_attn_probs=True, **opts)
+        assert torch.equal(part, out[:, i0:i1]), f"rows {i0}..{i1} differ from the whole call's"
+        assert torch.equal(part_lse, lse[:, :, i0:i1]), f"LSE of rows {i0}..{i1} differs"

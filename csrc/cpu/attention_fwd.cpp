@@ -189,11 +189,14 @@ void fwd(const fmha_fwd_params& p) {
     std::optional<avx512::AmxTiles> tiles;  // for fwd_block_amx, once per item
     if (amx) tiles.emplace();
 #endif
-    for (int32_t rb = rb0; rb < rb1; ++rb) {
+    // Two blocks a call to fwd_block, which lets them share the key tiles they both see
+    // (tiles.inc), one to fwd_block_amx.
+    const int32_t step = amx ? 1 : 2;
+    for (int32_t rb = rb0; rb < rb1; rb += step) {
       const int32_t i0 = rb * block;
-      const int32_t i1 = std::min<int32_t>(i0 + block, pr.seqlen_q);
-      const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of this block inside the sequence
-      float lse_rows[kMaxTileRows];
+      const int32_t i1 = std::min<int32_t>(std::min(rb + step, rb1) * block, pr.seqlen_q);
+      const int32_t ie = std::min(i1, hd.seq.len_q);  // rows of these blocks inside the sequence
+      float lse_rows[2 * kMaxTileRows];
       if (i0 < ie) {
         auto load_q = [&](int r, float* dst) { load_row(pr.dtype, p.q.data, hd.seq.q_offset(p.q, i0 + r, h), D, dst); };
         auto store_out = [&](int r, const float* src, float lse) {
