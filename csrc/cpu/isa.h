@@ -2,7 +2,7 @@
 // instruction set and chosen at run time, so one portable build (no -march flag) runs
 // AVX-512 code where the CPU has it:
 //   avx512   16 fp32 lanes   x86-64 with AVX-512 F/BW/DQ/VL and FMA
-//   avx2      8 lanes        x86-64 with AVX2 and FMA
+//   avx2      8 lanes        x86-64 with AVX2, FMA and F16C
 //   generic   4 lanes        anything (plain vector extensions: SSE2 on x86, NEON on Arm)
 // FMHA_CPU_ISA=generic|avx2|avx512 forces one (never one the CPU lacks), for tests.
 // GCC compiles the x86 sections with `#pragma GCC target`; other compilers build the
@@ -61,7 +61,8 @@ inline Isa detect_isa() {
   Isa best = Isa::kGeneric;
 #if FMHA_CPU_X86_SECTIONS
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    best = Isa::kAvx2;
   if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     best = Isa::kAvx512;
