@@ -292,3 +292,23 @@ def test_cpu_rows_independent_of_blocking(d, sk, opts, dtype):
         part, part_lse, _ = fmha.flash_attn_func(q[:, i0:i1], k, v, return_attn_probs=True, **opts)
         assert torch.equal(part, out[:, i0:i1]), f"rows {i0}..{i1} differ from the whole call's"
         assert torch.equal(part_lse, lse[:, :, i0:i1]), f"LSE of rows {i0}..{i1} differs"
+
+
+# fp16 rows reach the CPU kernels and leave them through the backend's row conversions (F16C
+# on x86, element by element on the generic path, which test_cpu_paths.py runs): values at the
+# ends of fp16's range must pass both ways unchanged.  With q = 0 every key weighs the same,
+# and 64 equal value rows average to themselves exactly (fp32 sums of up to 64 equal fp16
+# values and a product by 1/64 are exact), so out must equal the value row bit for bit.  D = 44
+# leaves a tail that the 8-wide conversions do not cover.
+def test_cpu_fp16_rows_convert_exactly():
+    vals = torch.tensor([65504.0, -65504.0, 2.0 ** -14, 2.0 ** -24, -(2.0 ** -24), 2.0 ** -15 * 3, 1.0, -2.5,
+                         0.0, 1000.5, 0.1, -0.333, 2.0 ** -20 * 5, 60000.0], dtype=torch.float32).half()
+    D = 44
+    row = vals.repeat(4)[:D]
+    q = torch.zeros(1, 3, 2, D, dtype=torch.float16)
+    k = randn(1, 64, 2, D, dtype=torch.float16)
+    v = row.expand(1, 64, 2, D).contiguous()
+    out = fmha.flash_attn_func(q, k, v)
+    want = row.expand(1, 3, 2, D)
+    assert torch.equal(out.view(torch.int16), want.contiguous().view(torch.int16)), \
+        f"fp16 values changed on their way through the CPU kernels: {out[0, 0, 0]} against {row}"
