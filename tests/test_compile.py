@@ -65,6 +65,41 @@ def test_compile_fullgraph_matches_eager(device, case):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{case}: {name}")
 
 
+def _paged(q, kc, vc, cu_q, used, table):
+    return fmha.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_q, max_seqlen_q=3, seqused_k=used,
+                                       max_seqlen_k=70, block_table=table, causal=True, s_aux=q[0, :, 0])
+
+
+def _append(q, kc, vc, kn, vn, lens):
+    return fmha.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True,
+                                        return_softmax_lse=True)
+
+
+# The serving calls, forward only, with their lengths in host tensors (whose values the
+# eager path checks against the block table and cache, and which a trace must not read).
+def test_compile_fullgraph_serving_calls(device):
+    torch._dynamo.reset()
+    kc, vc = randn(10, 16, 2, 32, device=device), randn(10, 16, 2, 32, device=device)
+    table = torch.randperm(10, dtype=torch.int32).view(2, 5).to(device)
+    cu_q = torch.tensor([0, 3, 4], dtype=torch.int32, device=device)
+    used = torch.tensor([70, 33], dtype=torch.int32, device=device)
+    q = randn(4, 4, 32, device=device)
+    got = torch.compile(_paged, fullgraph=True, backend="aot_eager")(q, kc, vc, cu_q, used, table)
+    assert torch.equal(got, _paged(q, kc, vc, cu_q, used, table)), "paged varlen: compiled != eager"
+
+    kc, vc = randn(2, 80, 2, 32, device=device), randn(2, 80, 2, 32, device=device)
+    kn, vn = randn(2, 1, 2, 32, device=device), randn(2, 1, 2, 32, device=device)
+    lens = torch.tensor([50, 79], dtype=torch.int32, device=device)
+    qd = randn(2, 1, 4, 32, device=device)
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    got = torch.compile(_append, fullgraph=True, backend="aot_eager")(qd, *caches[0], kn, vn, lens)
+    want = _append(qd, *caches[1], kn, vn, lens)
+    for name, a, b in (("out", got[0], want[0]), ("lse", got[1], want[1]), ("k_cache", caches[0][0], caches[1][0]),
+                       ("v_cache", caches[0][1], caches[1][1])):
+        assert torch.equal(a, b), f"kvcache append: compiled {name} != eager"
+    assert not torch.equal(caches[0][0], kc), "the compiled call did not append to the cache"
+
+
 def test_explain_reports_no_graph_break():
     q, k, v = (randn(1, 9, 2, 16) for _ in range(3))
     torch._dynamo.reset()
