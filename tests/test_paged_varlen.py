@@ -314,6 +314,8 @@ ERRORS = [
     ("page size", lambda a: dict(k=a["k"][:, :8], v=a["v"][:, :8]), ValueError, "multiple of 16"),
     ("table too narrow", lambda a: dict(seqused_k=torch.tensor([20, 49], dtype=I32)), ValueError,
      r"seqused_k\[1\] = 49 keys do not fit block_table's 3 pages"),
+    ("seqused_k negative", lambda a: dict(seqused_k=torch.tensor([20, -1], dtype=I32)), ValueError,
+     r"seqused_k\[1\] = -1 must be >= 0"),
     ("dropout", lambda a: dict(dropout_p=0.1), ValueError, "dropout_p must be 0"),
     ("q_descale dtype", lambda a: dict(q_descale=torch.ones(1, dtype=torch.float16)), TypeError,
      "q_descale must be torch.float32"),
@@ -329,7 +331,7 @@ ERRORS = [
 
 @pytest.mark.parametrize("what,over,exc,match", ERRORS, ids=[e[0] for e in ERRORS])
 def test_paged_varlen_errors(device, what, over, exc, match):
-    if what == "table too narrow" and device != "cpu":
+    if what in ("table too narrow", "seqused_k negative") and device != "cpu":
         pytest.skip("read only when seqused_k is on the host; device-resident metadata is clamped "
                     "(test_gpu_packed_metadata_is_clamped) or checked by FMHA_CHECK_METADATA=1")
     a = _args()
@@ -391,8 +393,8 @@ def test_check_metadata_env(device, monkeypatch, what, bad, match):
         a["block_table"] = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=I32)
         a["seqused_k"] = torch.tensor([20, 49], dtype=I32)
     a = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in a.items()}
-    if device == "cpu" and what == "seqused past capacity":
-        with pytest.raises(ValueError, match="do not fit block_table"):
+    if device == "cpu" and what in ("seqused past capacity", "seqused negative"):  # the host checks come first
+        with pytest.raises(ValueError, match="do not fit block_table" if "capacity" in what else "must be >= 0"):
             fmha.flash_attn_varlen_func(**a)
         return
     with pytest.raises(ValueError, match="FMHA_CHECK_METADATA: .*" + match if "FMHA" not in match else match):

@@ -600,6 +600,10 @@ def paged_varlen(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tens
     # clamp every position to the table (kv_cache.h), so a length past it reads no stray page.
     if (seqused_k.device.type == "cpu" and seqused_k.numel() and type(seqused_k) is Tensor
             and not torch.compiler.is_compiling()):
+        shortest = int(seqused_k.min())
+        if shortest < 0:
+            b = int(seqused_k.argmin())
+            raise ValueError(f"seqused_k[{b}] = {shortest} must be >= 0 (the keys sequence {b} has in its pages)")
         capacity = block_table.shape[1] * k_cache.shape[1]
         longest = int(seqused_k.max())
         if longest > capacity:
