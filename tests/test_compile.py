@@ -75,8 +75,8 @@ def _append(q, kc, vc, kn, vn, lens):
                                         return_softmax_lse=True)
 
 
-# The serving calls, forward only, with their lengths in host tensors (whose values the
-# eager path checks against the block table and cache, and which a trace must not read).
+# The serving calls, forward only.  Their lengths are tensors whose values the eager path
+# checks against the block table and cache when they are on the CPU; a trace must not read them.
 def test_compile_fullgraph_serving_calls(device):
     torch._dynamo.reset()
     kc, vc = randn(10, 16, 2, 32, device=device), randn(10, 16, 2, 32, device=device)

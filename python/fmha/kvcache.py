@@ -596,8 +596,9 @@ def paged_varlen(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tens
         raise TypeError(f"block_table must be torch.int32, got {block_table.dtype}")
     if k_cache.shape[1] % 16 != 0:
         raise ValueError(f"page size (k.shape[1]) must be a multiple of 16, got {k_cache.shape[1]}")
-    # On the host only, and not while torch.compile traces (the lengths are data then); the kernels
-    # clamp every position to the table (kv_cache.h), so a length past it reads no stray page.
+    # On the host only, and not while torch.compile traces (the lengths are data then).  Past
+    # this check the CPU backend still rejects such lengths (validate.cpp, naming them
+    # cache_seqlens) and the GPU kernels clamp them to the table (kv_cache.h, fwd_paged_sm90).
     if (seqused_k.device.type == "cpu" and seqused_k.numel() and type(seqused_k) is Tensor
             and not torch.compiler.is_compiling()):
         shortest = int(seqused_k.min())
