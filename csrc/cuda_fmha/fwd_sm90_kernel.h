@@ -122,6 +122,12 @@ struct FwdSm90Traits {
   // points by -3 to +5% with no head dim ahead throughout (tools/tune/tune_sm90.cu,
   // docs/tuning.md), so two keep it early.
   static constexpr bool kRescaleLate = kConsumers == 3;
+  // Roles from a warp-uniform warpgroup index (warpgroup_index, tile/sm90.h), as the backward
+  // takes them: the wgmma descriptors then stay in uniform registers instead of being copied
+  // there (R2UR) before every wgmma.  bf16/fp16 at D = 64 only: R2URs 51 -> 38, no new spills,
+  // 1.00-1.01x with O bitwise unchanged (H200); at D = 96 (83 -> 72) 0.97-0.99x up to 2k keys;
+  // above, ptxas spills, and fp8 at D = 64 gains R2URs (docs/tuning.md).
+  static constexpr bool kUniformRoles = kHeadDim <= 64 && !kFp8;
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileV::kBytes % 1024 == 0,
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
 
-  const int tid = threadIdx.x, wg = tid / 128;
+  const int tid = threadIdx.x, wg = K::kUniformRoles ? warpgroup_index() : tid / 128;
   if (tid == 0) {
     mbar_init(full_q, 1);
     // One arrival per consumer warpgroup after its last product that reads Q, or, when O is
