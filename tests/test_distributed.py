@@ -487,6 +487,54 @@ def test_plan_fuses_zigzag_blocks():
     assert step_plan("ring", 3, 0, 4, 8, 8, 0) == ()            # window of 8: three blocks back is unseen
 
 
+
+@pytest.mark.parametrize("row_dim", [1, 0], ids=["fixed", "varlen"])
+def test_merge_against_float64(row_dim):
+    """The ring's LSE merge on rows that a slice (fixed length) or an index (varlen) picks,
+    against the float64 combination; rows empty on one side take the other side as it is,
+    rows empty on both stay out 0, lse -inf (never NaN), rows outside the selection keep
+    their values."""
+    from fmha.distributed._ring import Sel, merge_
+
+    g = torch.Generator().manual_seed(0)
+    n, h, d, pick = 24, 3, 8, 16
+    shape = (n, h, d) if row_dim == 0 else (1, n, h, d)
+    lse_shape = (h, n) if row_dim == 0 else (1, h, n)
+    acc_out = torch.randn(shape, generator=g)
+    acc_lse = torch.randn(lse_shape, generator=g) * 4
+    if row_dim == 0:
+        idx = torch.randperm(n, generator=g)[:pick].sort().values
+        sel = Sel(slice(None), idx, None, pick, pick)
+    else:
+        idx = torch.arange(4, 4 + pick)
+        sel = Sel(slice(4, 4 + pick), None, None, pick, pick)
+    out = torch.randn(shape[:row_dim] + (pick,) + shape[row_dim + 1:], generator=g).bfloat16()
+    lse = torch.randn(lse_shape[:-1] + (pick,), generator=g) * 4
+    # Empty rows (lse -inf, out 0): in acc only, in the block only, in both.
+    for i_sel, acc_empty, blk_empty in ((0, True, False), (1, False, True), (2, True, True)):
+        if acc_empty:
+            acc_lse[..., idx[i_sel]] = -torch.inf
+            acc_out.select(row_dim, int(idx[i_sel])).zero_()
+        if blk_empty:
+            lse[..., i_sel] = -torch.inf
+            out.select(row_dim, i_sel).zero_()
+    want_out, want_lse = acc_out.double().clone(), acc_lse.double().clone()
+    a_lse, b_lse = acc_lse.double()[..., idx], lse.double()
+    new = torch.logaddexp(a_lse, b_lse)
+    safe = torch.where(torch.isneginf(new), 0.0, new)
+    wa = torch.exp(a_lse - safe).transpose(-1, -2).unsqueeze(-1)
+    wb = torch.exp(b_lse - safe).transpose(-1, -2).unsqueeze(-1)
+    a_out = acc_out.double().index_select(row_dim, idx)
+    want_out.index_copy_(row_dim, idx, a_out * wa + out.double() * wb)
+    want_lse[..., idx] = new
+
+    merge_(acc_out, acc_lse, sel, out, lse, row_dim)
+    assert not acc_out.isnan().any() and not acc_lse.isnan().any()
+    torch.testing.assert_close(acc_lse.double(), want_lse, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(acc_out.double(), want_out, atol=1e-5, rtol=1e-5)
+    assert torch.isneginf(acc_lse[..., idx[2]]).all() and (acc_out.select(row_dim, int(idx[2])) == 0).all()
+
+
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
     sys.path.insert(0, HERE)
     _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])

@@ -87,7 +87,7 @@ class _SimComm:
 
     def __init__(self, rank: int, world: int, device: torch.device, kv_all=None, null: bool = False):
         self.rank, self.world, self.kv_all, self.null, self.t = rank, world, kv_all, null, 0
-        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" and not null else None
 
     def send_recv(self, sends):
         if self.null:

@@ -40,19 +40,19 @@ class Sel:
     def take(self, x: Tensor, dim: int) -> Tensor:
         if self.idx is not None:
             return x.index_select(dim, self.idx)
-        return x[(slice(None),) * (dim % x.dim()) + (self.rows,)]
+        return x.narrow(dim, self.rows.start, self.n)  # one call, where x[..., rows] built an index tuple
 
     def add_(self, acc: Tensor, dim: int, val: Tensor) -> None:
         if self.idx is not None:
             acc.index_add_(dim, self.idx, val.to(acc.dtype))
         else:
-            acc[(slice(None),) * (dim % acc.dim()) + (self.rows,)] += val
+            acc.narrow(dim, self.rows.start, self.n).add_(val)
 
     def put_(self, acc: Tensor, dim: int, val: Tensor) -> None:
         if self.idx is not None:
             acc.index_copy_(dim, self.idx, val.to(acc.dtype))
         else:
-            acc[(slice(None),) * (dim % acc.dim()) + (self.rows,)] = val
+            acc.narrow(dim, self.rows.start, self.n).copy_(val)
 
 
 class FixedGeom:
@@ -153,14 +153,18 @@ def merge_(acc_out: Tensor, acc_lse: Tensor, sel: Sel, out: Tensor, lse: Tensor,
     """acc[rows] <- the log-sum-exp combination of acc[rows] and (out, lse), in fp32; rows
     where both are empty (lse -inf) stay out 0, lse -inf.  The two weights sum to one, so the
     combination is one lerp towards the block's rows by its weight exp(lse - new): one pass
-    over acc's rows in place, where a * w_old + out * w_new took four (and their temporaries)."""
-    new = torch.logaddexp(sel.take(acc_lse, -1), lse)
-    w = torch.exp(lse - torch.where(torch.isneginf(new), 0.0, new)).transpose(-1, -2).unsqueeze(-1)
-    a_out = sel.take(acc_out, row_dim)  # a view of acc's rows, or (index) a copy put back below
+    over acc's rows in place, where a * w_old + out * w_new took four (and their temporaries).
+    Six kernels in all: the ring's steps are bound by the host's launches below about 16k
+    tokens per rank, so the new LSE goes straight into acc's rows where they are a view, and
+    rows where both are empty (weight exp(-inf - -inf) = NaN) get weight 0 in one pass."""
+    a_lse = sel.take(acc_lse, -1)  # a view of acc's rows, or (index) a copy put back below
+    new = torch.logaddexp(a_lse, lse, out=a_lse if sel.idx is None else None)
+    w = (lse - new).exp_().nan_to_num_(0.0).transpose(-1, -2).unsqueeze(-1)
+    a_out = sel.take(acc_out, row_dim)
     a_out.lerp_(out.float(), w)
     if sel.idx is not None:
         sel.put_(acc_out, row_dim, a_out)
-    sel.put_(acc_lse, -1, new)
+        sel.put_(acc_lse, -1, new)
 
 
 def _lse_shape(q: Tensor, row_dim: int) -> Tuple[int, ...]:
