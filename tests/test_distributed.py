@@ -487,7 +487,6 @@ def test_plan_fuses_zigzag_blocks():
     assert step_plan("ring", 3, 0, 4, 8, 8, 0) == ()            # window of 8: three blocks back is unseen
 
 
-
 @pytest.mark.parametrize("row_dim", [1, 0], ids=["fixed", "varlen"])
 def test_merge_against_float64(row_dim):
     """The ring's LSE merge on rows that a slice (fixed length) or an index (varlen) picks,

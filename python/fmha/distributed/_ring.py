@@ -154,9 +154,9 @@ def merge_(acc_out: Tensor, acc_lse: Tensor, sel: Sel, out: Tensor, lse: Tensor,
     where both are empty (lse -inf) stay out 0, lse -inf.  The two weights sum to one, so the
     combination is one lerp towards the block's rows by its weight exp(lse - new): one pass
     over acc's rows in place, where a * w_old + out * w_new took four (and their temporaries).
-    Six kernels in all: the ring's steps are bound by the host's launches below about 16k
-    tokens per rank, so the new LSE goes straight into acc's rows where they are a view, and
-    rows where both are empty (weight exp(-inf - -inf) = NaN) get weight 0 in one pass."""
+    Six kernels in all: at 4k tokens per rank a rank's steps are bound by the host's launches
+    (S = 32k, W = 8 on an H200), so the new LSE goes straight into acc's rows where they are a
+    view, and rows where both are empty (weight exp(-inf - -inf) = NaN) get weight 0 in one pass."""
     a_lse = sel.take(acc_lse, -1)  # a view of acc's rows, or (index) a copy put back below
     new = torch.logaddexp(a_lse, lse, out=a_lse if sel.idx is None else None)
     w = (lse - new).exp_().nan_to_num_(0.0).transpose(-1, -2).unsqueeze(-1)
