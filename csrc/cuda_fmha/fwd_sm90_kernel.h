@@ -172,35 +172,48 @@ struct FwdTileWork {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A paged cache comes in boxes of pg.box_rows keys (a divisor of both the page size and
-// kBlockN, so a box never crosses a page), lane c of the producer's first warp bringing box
-// c of a key block.  The page of that box for key block n0, or num_pages, outside the map,
-// for boxes past the sequence's keys: the copy engine writes zeros for those and touches no
-// memory.  The producer looks block i + 1's pages up while it waits for block i's slots, so
-// that the read of the table is off the loads' path, and reuses K_i's pages for V_i.
+// kBlockN, so a box never crosses a page), issued by the producer warpgroup's four warps:
+// box c of a key block by lane c / 4 of warp c % 4.  From one warp, pages of 16 (eight
+// boxes per 64-column slab of a 128-key block) ran 1.25x the contiguous call's time at 8k
+// keys of context; the issue of the boxes, a loop over the lanes, was the bound (H100 and
+// H200, docs/tuning.md).  The page of this lane's box for key block n0, or num_pages,
+// outside the map, for boxes past the sequence's keys: the copy engine writes zeros for
+// those and touches no memory.  The producer looks block i + 1's pages up while it waits
+// for block i's slots, so that the read of the table is off the loads' path, and reuses
+// K_i's pages for V_i.
+constexpr int kPagedWarps = 4;
+
+// The producer warp's index through a shuffle, which ptxas then knows is warp-uniform (from
+// threadIdx.x alone the producer spilled at 24 registers), and this thread's box.
+__device__ __forceinline__ int paged_warp() { return __shfl_sync(~0u, (int)threadIdx.x / 32, 0); }
+__device__ __forceinline__ int paged_box() { return paged_warp() + kPagedWarps * ((int)threadIdx.x % 32); }
+
 template <class K>
-__device__ __forceinline__ int box_page(const FwdSm90Pages& pg, const FwdTileWork& w, int n0) {
-  const int lane = threadIdx.x % 32, key = n0 + pg.box_rows * lane;
-  if (pg.box_rows * lane >= K::kBlockN || key >= w.seq.len_k) return pg.num_pages;
+__device__ __forceinline__ int box_page(const FwdSm90Pages& pg, const FwdTileWork& w, int n0, int box = paged_box()) {
+  const int key = n0 + pg.box_rows * box;
+  if (pg.box_rows * box >= K::kBlockN || key >= w.seq.len_k) return pg.num_pages;
   return clamp_index(pg.block_table[(int64_t)w.b * pg.table_stride + key / pg.page_size], 0, pg.num_pages - 1);
 }
 
-// Key block [n0, n0 + kBlockN) of sequence w.b from a paged cache into `tile`: each lane its
+// Key block [n0, n0 + kBlockN) of sequence w.b from a paged cache into `tile`: each thread its
 // box (box_page), all arriving on `full`.  With `v` given (V blocks), the box that holds the
-// sequence's end comes by cp.async instead, its rows past the end zero-filled: P's zeros there
-// must not meet a NaN or inf in an unfilled cache slot (K's rows past the end only reach
-// scores that the mask replaces).
+// sequence's end comes by cp.async from warp 0 instead, its rows past the end zero-filled:
+// P's zeros there must not meet a NaN or inf in an unfilled cache slot (K's rows past the end
+// only reach scores that the mask replaces).  Warp 0 arrives once that copy has landed; the
+// other warps' boxes may complete before the arrival, which the barrier's count holds back.
 template <class K>
 __device__ __forceinline__ void load_pages(typename K::T* tile, const CUtensorMap* map, uint64_t* full,
                                            const FwdSm90Pages& pg, const FwdTileWork& w, int n0, int page,
                                            int head_dim, const fmha_tensor* v) {
   using T = typename K::T;
   using TileKV = typename K::TileKV;
-  const int lane = threadIdx.x % 32, rows = pg.box_rows, key = n0 + rows * lane, len = w.seq.len_k;
-  const bool mine = rows * lane < K::kBlockN;
-  const bool straddles = v != nullptr && mine && key < len && key + rows > len;
-  const unsigned cut = __ballot_sync(~0u, straddles);
-  if (cut != 0) {
-    const int src = __ffs(cut) - 1, key0 = n0 + rows * src, page0 = __shfl_sync(~0u, page, src);
+  const int lane = threadIdx.x % 32, warp = paged_warp(), rows = pg.box_rows, len = w.seq.len_k;
+  // Lane c of every warp tests box c: the same cut in each.
+  const int key_c = n0 + rows * lane;
+  const unsigned cut = __ballot_sync(~0u, v != nullptr && rows * lane < K::kBlockN && key_c < len && key_c + rows > len);
+  const int cut_box = cut != 0 ? __ffs(cut) - 1 : -1;
+  if (warp == 0 && cut != 0) {
+    const int key0 = n0 + rows * cut_box, page0 = box_page<K>(pg, w, n0, cut_box);
     const T* base = static_cast<const T*>(v->data) + page0 * v->batch_stride +
                     (int64_t)(key0 % pg.page_size) * v->row_stride + (int64_t)w.hk * v->head_stride;
     constexpr int kCols = K::kHeadDim / 8;  // 16-byte chunks of a row (head_dim is a multiple of 8)
@@ -208,20 +221,23 @@ __device__ __forceinline__ void load_pages(typename K::T* tile, const CUtensorMa
     for (int idx = lane; idx < rows * kCols; idx += 32) {
       const int r = idx / kCols, c = idx % kCols * 8;
       const bool in = key0 + r < len && c < head_dim;
-      cp_async_16(tile + TileKV::offset(rows * src + r, c), in ? base + r * v->row_stride + c : base, in ? 16 : 0);
+      cp_async_16(tile + TileKV::offset(rows * cut_box + r, c), in ? base + r * v->row_stride + c : base, in ? 16 : 0);
     }
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async_shared();  // the plain copies, before the tensor cores read them
   }
-  __syncwarp();
-  if (lane == 0) mbar_arrive_expect_tx(full, TileKV::kBytes - (cut != 0 ? rows * TileKV::kSpan * TileKV::kSlabs : 0));
-  __syncwarp();
-  if (mine && !straddles) {
+  if (warp == 0) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive_expect_tx(full, TileKV::kBytes - (cut != 0 ? rows * TileKV::kSpan * TileKV::kSlabs : 0));
+    __syncwarp();
+  }
+  const int box = warp + kPagedWarps * lane;
+  if (rows * box < K::kBlockN && box != cut_box) {
 #pragma unroll
     for (int s = 0; s < TileKV::kSlabs; ++s)
-      tma_load_4d(tile + s * (TileKV::kSlabBytes / 2) + rows * lane * TileKV::kSlab, map, full, s * TileKV::kSlab,
-                  key % pg.page_size, w.hk, page);
+      tma_load_4d(tile + s * (TileKV::kSlabBytes / 2) + rows * box * TileKV::kSlab, map, full, s * TileKV::kSlab,
+                  (n0 + rows * box) % pg.page_size, w.hk, page);
   }
 }
 #endif
@@ -277,7 +293,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
     const bool paged = !K::kFp8 && maps.pages.block_table != nullptr;
-    if (tid >= (paged ? 32 : 1)) return;
+    if (tid >= (paged ? 32 * kPagedWarps : 1)) return;
     const bool leader = tid == 0;
     if (leader) {
       prefetch_tensormap(&maps.q);
