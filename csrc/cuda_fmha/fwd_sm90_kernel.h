@@ -175,12 +175,12 @@ struct FwdTileWork {
 // kBlockN, so a box never crosses a page), issued by the producer warpgroup's four warps:
 // box c of a key block by lane c / 4 of warp c % 4.  From one warp, pages of 16 (eight
 // boxes per 64-column slab of a 128-key block) ran 1.25x the contiguous call's time at 8k
-// keys of context; the issue of the boxes, a loop over the lanes, was the bound (H100 and
-// H200, docs/tuning.md).  The page of this lane's box for key block n0, or num_pages,
-// outside the map, for boxes past the sequence's keys: the copy engine writes zeros for
-// those and touches no memory.  The producer looks block i + 1's pages up while it waits
-// for block i's slots, so that the read of the table is off the loads' path, and reuses
-// K_i's pages for V_i.
+// keys of context (H200 and H100): the issue of the boxes, a loop over the lanes, was the
+// bound; from four, 1.06x (H100, docs/tuning.md).  box_page: the page of this thread's box
+// for key block n0, or num_pages, outside the map, for boxes past the sequence's keys: the
+// copy engine writes zeros for those and touches no memory.  The producer looks block
+// i + 1's pages up while it waits for block i's slots, so that the read of the table is off
+// the loads' path, and reuses K_i's pages for V_i.
 constexpr int kPagedWarps = 4;
 
 // The producer warp's index through a shuffle, which ptxas then knows is warp-uniform (from
