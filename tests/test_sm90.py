@@ -70,6 +70,35 @@ def test_cuda_calls_the_sm90_forward_does_not_take(case):
     assert names and not _ran_sm90(names), sorted(names)
 
 
+# The plain instances fold the scale into their exp2s without a test, so a scale <= 0 must
+# take the score-mod instance (dispatch.cu); and the key loop runs the blocks that need a mask
+# (the diagonal, the end of the keys, a window's left edge) apart from those that need none:
+# windows whose masked blocks come first and last, and a band narrower than a block.
+SCALE_AND_MASK_RUNS = {
+    "negative_scale": dict(softmax_scale=-0.2),
+    "zero_scale": dict(softmax_scale=0.0),
+    "negative_scale_causal": dict(softmax_scale=-0.1, causal=True),
+    "window_both_edges": dict(window_size=(300, 100)),
+    "window_narrow": dict(window_size=(20, 20)),
+    "causal_window": dict(causal=True, window_size=(400, 0)),
+}
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", list(SCALE_AND_MASK_RUNS))
+def test_cuda_sm90_forward_scale_and_mask_runs(case, d):
+    kw = SCALE_AND_MASK_RUNS[case]
+    q = torch.randn(2, 700, 4, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1100, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 1100, 2, d, device="cuda", dtype=torch.bfloat16)
+    with poisoned_outputs():
+        (out, lse), names = kernels_launched(lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2])
+    assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
+    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), **kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(lse, ref_lse, 1e-4, "lse")
+
+
 # The tile by the keys a tile sees (seqlen_k, half of it under a mask; FwdSm90Tile's kLongKeys,
 # kMLong and kNLong): from 8192, D = 128 takes 176-key blocks (a last block of 8300 % 176 = 28
 # live keys) and D = 64 192-row tiles of three consumers (300 rows: a second tile of 108),

@@ -44,10 +44,19 @@ struct ScoreModBase {
 
   // kMods = false: the caller was compiled for problems without softcap and ALiBi (the
   // backward's plain instances), so neither pass is emitted and no slope is loaded.
+  // kPositiveScale (with kMods = false): the dispatch never sends this instance a scale <= 0,
+  // so the scale folds into the exp2s by construction, not by a test at run time.
   // `descale` multiplies the scale (the fp8 forward's q_descale * k_descale).
-  template <bool kMods = true>
+  template <bool kMods = true, bool kPositiveScale = false>
   FMHA_HOST_DEVICE static Derived make(const fmha_problem& p, const MaskGeometry& geom, int b, int h,
                                        float descale = 1.f) {
+    static_assert(!(kMods && kPositiveScale), "a positive scale is promised by plain instances only");
+    if (kPositiveScale) {
+      Derived s = make(p.scale * descale, 0.f, false, 0.f, geom);
+      s.fold_scale = true;
+      s.post_scale = s.scale_log2;
+      return s;
+    }
     if (!kMods) return make(p.scale * descale, 0.f, false, 0.f, geom);
     // The pointer is tested here too (alibi_slope tests it again): with the multiply outside
     // the test, ptxas scheduled the sm_90a forward differently (8 more instructions).

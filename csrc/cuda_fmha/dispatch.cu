@@ -138,9 +138,12 @@ bool mma_sync_forced() {
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
+// The plain sm_90a forward folds the scale into its exp2s without a test (ScoreMod::make's
+// kPositiveScale): a scale <= 0 (or NaN) takes the score-mod instance.
 template <class T, int D, bool kLong>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages) {
-  if (score_mods(p.problem)) return run_fwd_sm90<FwdSm90Config<T, D, true, kLong>>(p, s, pages);
+  if (score_mods(p.problem) || !(p.problem.scale > 0.f))
+    return run_fwd_sm90<FwdSm90Config<T, D, true, kLong>>(p, s, pages);
   return run_fwd_sm90<FwdSm90Config<T, D, false, kLong>>(p, s, pages);
 }
 

@@ -128,6 +128,14 @@ struct FwdSm90Traits {
   // 1.00-1.01x with O bitwise unchanged (H200); at D = 96 (83 -> 72) 0.97-0.99x up to 2k keys;
   // above, ptxas spills, and fp8 at D = 64 gains R2URs (docs/tuning.md).
   static constexpr bool kUniformRoles = kHeadDim <= 64 && !kFp8;
+  // The key loop in runs by mask: the blocks every row of the tile sees whole run in a loop
+  // of their own, with no branch on the mask (nor, in the plain 16-bit instances, on folding
+  // the scale), so that ptxas schedules the row maxima and the first exp2s ahead of the wait
+  // for the previous P V, as in FlashAttention-4's unmasked loop.  Kernel alone, O bitwise
+  // unchanged (H100): D = 96-192 1.02-1.09x from 1k keys, fp8 D = 128 1.02-1.05x, D = 256
+  // (both) 0.98-1.04x, D = 64's 192-row tiles 1.04-1.06x; D = 64's 128-row tiles 0.93-0.98x
+  // and fp8 D = 64 0.97-1.02x, which keep one loop with the tests inside (docs/tuning.md).
+  static constexpr bool kMaskRuns = kHeadDim > 64 || (kConsumers == 3 && !kFp8);
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
   static constexpr int kSmemBytes = kOffBar + kBars * 8 + 1024;  // + slack to align the base
   static_assert(TileQ::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileV::kBytes % 1024 == 0,
@@ -403,7 +411,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
     if (n_blocks > 0) {
       const float qk_descale = K::kFp8 ? descale_at(p.q_descale, b, w.hk) * descale_at(p.k_descale, b, w.hk) : 1.f;
-      const ScoreMod score = ScoreMod::make<K::kScoreMod>(pr, w.geom, b, h, qk_descale);
+      // The plain 16-bit instances fold the scale into the exp2s unconditionally (the dispatch
+      // sends a scale <= 0 to the score-mod instance), so no branch on it splits the loop.
+      const ScoreMod score =
+          ScoreMod::make<K::kScoreMod, K::kMaskRuns && !K::kScoreMod && !K::kFp8>(pr, w.geom, b, h, qk_descale);
 
       float acc_s[1][kNT][4];
       uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
@@ -449,9 +460,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
       // Scores of block i, the new row maxima, rescale[] for O, and P = exp2(S - max) in
       // acc_s (Algorithm 1, lines 9-11).
-      auto softmax = [&](int i) {
-        const int n0 = (w.n_end - 1 - i) * kBlockN;
-        score.apply(acc_s, row0, 16, n0, lane, score.needs_mask(wm0, wm1, n0, kBlockN));
+      auto needs_mask = [&](int i) { return score.needs_mask(wm0, wm1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
+      auto softmax = [&](int i, bool mask) {
+        score.apply(acc_s, row0, 16, (w.n_end - 1 - i) * kBlockN, lane, mask);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float ref;
@@ -479,10 +490,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       fence_operand(acc_s[0]);
       release(empty_k, 0);
       if (n_blocks == 1) release_q();
-      softmax(0);
+      softmax(0, needs_mask(0));
       pack_p();
 
-      for (int i = 1; i < n_blocks; ++i) {
+      // Block i of the loops below: `mask` a bool, or (kMaskRuns) a constant in each of three
+      // loops, so that the blocks that need no mask run without a branch that would cut the
+      // softmax off from the wait for P V in ptxas's schedule.
+      auto step = [&](int i, auto mask) {
         wait_full(full_k, i);
         turn_wait();
         issue_qk(i);
@@ -494,12 +508,31 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         fence_operand(acc_s[0]);
         release(empty_k, i);
         if (i == n_blocks - 1) release_q();
-        softmax(i);
+        if constexpr (std::is_same_v<decltype(mask), bool>)
+          softmax(i, mask);
+        else
+          softmax(i, decltype(mask)::value);
         wgmma_wait<0>();
         fence_operand(acc_o);
         release(empty_v, i - 1);
         pack_p();
         if constexpr (K::kRescaleLate) rescale_o();  // O, P_{i-1} V_{i-1} in, to block i's maxima
+      };
+      // Blocks that need the mask come first (the diagonal, the end of the keys) and last (a
+      // window's left edge): a row's visible keys are one interval, so the blocks every row of
+      // the tile sees whole are one run between them.  Decided for the CTA's rows, not this
+      // warpgroup's: the bounds then derive from warp-uniform values only, and so do the
+      // wgmma descriptors indexed by i (per-warpgroup bounds put them in vector registers).
+      if constexpr (K::kMaskRuns) {
+        auto tile_needs_mask = [&](int i) { return score.needs_mask(m0, m1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
+        int i_end = n_blocks;
+        while (i_end > 1 && tile_needs_mask(i_end - 1)) --i_end;
+        int i = 1;
+        for (; i < i_end && tile_needs_mask(i); ++i) step(i, std::true_type{});
+        for (; i < i_end; ++i) step(i, std::false_type{});
+        for (; i < n_blocks; ++i) step(i, std::true_type{});
+      } else {
+        for (int i = 1; i < n_blocks; ++i) step(i, needs_mask(i));
       }
 
       if constexpr (!K::kRescaleLate) rescale_o();
