@@ -44,9 +44,10 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // keys per block and ring depth, and the tile (kMLong x kNLong) where a tile sees kLongKeys
 // keys or more (seqlen_k, half of it under a mask; dispatch.cu).  Measured with
 // tools/tune/tune_sm90.cu on an H200 (docs/tuning.md, "The sm_90a forward"): 128 x 128 at
-// D = 64-128; long, D = 64 takes 192 x 128 (three consumers in turns, FlashAttention-3's
-// tile: 1-8% faster from 8k keys, 4-32% slower below) and D = 128 176-key blocks (2-7%
-// faster at S = 16k and 0-7% slower at 4k); 96 keys at D = 192, and 112 from 4096 keys
+// D = 64-128; long, D = 64 takes 192 x 128 from 2048 keys (three consumers in turns,
+// FlashAttention-3's tile; with the key loop in runs by mask, 1.11-1.22x at 2-4k keys, O
+// bitwise equal, and level at 1k: H100) and D = 128 176-key blocks from 8192 (2-7% faster
+// at S = 16k, 6% slower at 4k); 96 keys at D = 192, and 112 from 4096 keys
 // (FlashAttention-4's block there: 2-5% faster from 4k as dispatched, 2-4% slower at 1-2k);
 // at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
 // last block is mostly empty at S = 512) and 80 from 1024, what fits 227 KB (equal at
@@ -56,7 +57,7 @@ struct FwdSm90Tile {
   static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = kN, kLongKeys = 8192;
 };
 template <> struct FwdSm90Tile<64> {
-  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = 192, kNLong = kN, kLongKeys = 8192;
+  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = 192, kNLong = kN, kLongKeys = 2048;
 };
 template <> struct FwdSm90Tile<128> {
   static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = 176, kLongKeys = 8192;
