@@ -132,8 +132,8 @@ struct FwdSm90Traits {
   // of their own, with no branch on the mask (nor, in the plain 16-bit instances, on folding
   // the scale), so that ptxas schedules the row maxima and the first exp2s ahead of the wait
   // for the previous P V, as in FlashAttention-4's unmasked loop.  Kernel alone, O bitwise
-  // unchanged (H100): D = 96-192 1.02-1.09x from 1k keys, fp8 D = 128 1.02-1.05x, D = 256
-  // (both) 0.98-1.04x, D = 64's 192-row tiles 1.04-1.06x; D = 64's 128-row tiles 0.93-0.98x
+  // unchanged (H100): D = 96-192 1.03-1.09x from S = 2k (0.95-1.04x at 512-1k), fp8 D = 128
+  // 1.02-1.05x, D = 256 (both) 0.98-1.04x, D = 64's 192-row tiles 1.04-1.06x; D = 64's 128-row tiles 0.93-0.98x
   // and fp8 D = 64 0.97-1.02x, which keep one loop with the tests inside (docs/tuning.md).
   static constexpr bool kMaskRuns = kHeadDim > 64 || (kConsumers == 3 && !kFp8);
   static constexpr int kOffBar = kOffO + (kOStore == OStore::kOwnBuffer ? TileO::kBytes : 0);
