@@ -130,6 +130,20 @@ def test_cuda_sm90_long_tiles(causal, case):
     assert_close(lse, ref_lse, 1e-4, "lse")
 
 
+# A window on the long tiles (D = 64's 192-row tiles from 2 x 2048 keys under a mask): runs
+# of masked blocks at both ends of every tile's keys (the window's left edge; its right edge
+# past the last key for the last rows) around unmasked ones, 4200 % 192 = 168 live rows in the
+# last tile and 4200 % 128 = 104 live keys in the last block.
+def test_cuda_sm90_long_tiles_window():
+    q, k, v = (torch.randn(1, 4200, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    kw = dict(window_size=(700, 300))
+    (out, lse), names = kernels_launched(lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2])
+    assert any("fwd_sm90_kernel" in n and "64, 192, 128" in n for n in names), sorted(names)
+    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), **kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(lse, ref_lse, 1e-4, "lse")
+
+
 # ---------------------------------------------------------------- backward
 
 
@@ -182,6 +196,29 @@ def test_cuda_sm90_backward_features(feature, d):
     res = _check_sm90_backward(q, k, v, call, ref)
     if feature == "causal_rows_see_nothing":
         assert (res["dq"][:, :200] == 0).all()
+
+
+# The plain instances walk a key block's query blocks in runs (kMaskRuns): masked blocks
+# first (the diagonal, a window's near edge), then those that see every key of the block
+# with the mask compiled out, then masked ones again (a window's far edge, the last, partial
+# query block).  Windows with blocks of all three kinds, a band narrower than a block,
+# bottom-right causal with more keys than queries, and no mask (the last query block alone is
+# masked: 60 live rows of 700); D = 192 splits the head dim between the consumers.
+BWD_MASK_RUNS = {
+    "full": {},
+    "window_both_edges": dict(window_size=(300, 100)),
+    "window_narrow": dict(window_size=(20, 20)),
+    "causal": dict(causal=True),
+    "causal_window": dict(causal=True, window_size=(400, 0)),
+}
+
+
+@pytest.mark.parametrize("d", [64, 128, 192])
+@pytest.mark.parametrize("case", list(BWD_MASK_RUNS))
+def test_cuda_sm90_backward_mask_runs(case, d):
+    kw = BWD_MASK_RUNS[case]
+    q, k, v = _qkv(2, 700, 1100, 4, 2, d)
+    _check_sm90_backward(q, k, v, flash_call(**kw), kw)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])

@@ -32,6 +32,9 @@
 
 #include <math.h>
 
+#include <cstddef>
+#include <type_traits>
+
 #include "../common/sequence.h"
 #include "../common/softmax.h"
 #include "bwd_kernel.h"
@@ -96,6 +99,12 @@ struct BwdSm90Traits {
   // at D = 64, docs/tuning.md).  Not at D = 128, where ptxas then serialized the wgmmas
   // (C7512), nor with K and V in registers (0.98-0.99x, measured beside an mbarrier change).
   static constexpr bool kUniformRoles = kHeadDim != 128 && !kKVInRegs;
+  // The query blocks that see all of a CTA's keys run in a loop of their own, with the mask
+  // compiled out (bwd_sm90_kernel's runs): that loop's instructions 876 -> 661 at D = 64,
+  // 673 -> 514 at 128, 465 -> 422 at 192 (SASS, bf16).  Not at D = 256, where ptxas gives the
+  // second and third copies of the loop 64-bit descriptor adds in two halves and rebuilds
+  // the constant high word before every wgmma (485 -> 550), nor in the score-mod instances.
+  static constexpr bool kMaskRuns = !kScoreMod && kHeadDim != 256;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
@@ -377,8 +386,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       ldmatrix_x4(v_frag[kk], smem_addr(sV + TileV::offset(r, c)));
     }
   }
+  // One (head, query block) step.  `mask_run`: std::true_type or std::false_type in the runs
+  // below (kMaskRuns), so that the blocks that need no mask run without a branch on it;
+  // nullptr where one loop tests every block.
   Step cur = first;
-  for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
+  int it = 0;
+  auto step = [&](auto mask_run) {
     const int st = it % kStages, h = cur.h, m0 = cur.m0;
     const T* sQs = sQ + st * (TileQ::kBytes / 2);
     const T* sdOs = sdO + st * (TileQ::kBytes / 2);
@@ -410,8 +423,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     fence_operand(acc_s[0]);
 
     // P^T = exp2(S^T - LSE): this thread's columns are queries q_wg + n * 8 + 2t (+1).
-    score.template apply<K::kScoreMod, true>(acc_s, th, key0, 16, m0 + q_wg, lane,
-                                             score.needs_mask(m0 + q_wg, m0 + q_wg + kQCols, n0 + key_wg, 64));
+    bool mask;
+    if constexpr (std::is_same_v<decltype(mask_run), std::nullptr_t>)  // one loop: each block tests
+      mask = score.needs_mask(m0 + q_wg, m0 + q_wg + kQCols, n0 + key_wg, 64);
+    else
+      mask = decltype(mask_run)::value;
+    score.template apply<K::kScoreMod, true>(acc_s, th, key0, 16, m0 + q_wg, lane, mask);
     const float* lse_st = sLse + st * kBlockM + q_wg;
     const float* delta_st = sDelta + st * kBlockM + q_wg;
 #pragma unroll
@@ -529,6 +546,31 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       fence_operand(acc_dk);
       mbar_arrive(empty + st);
     }
+    ++it;
+    cur = next(cur);
+  };
+  if constexpr (K::kMaskRuns) {
+    // Query blocks [j_begin, j_end) of every head see all of this CTA's keys: a run with no
+    // mask between the masked blocks of the diagonal (first) and of a window's far edge or
+    // the end of the queries (last).  Decided for the whole tile, so the bounds are
+    // warp-uniform; a block outside the middle run is masked, which is always exact.
+    const ScoreMod tile_score = ScoreMod::make<false>(pr, geom, b, 0);  // needs_mask reads geom alone
+    auto tile_needs_mask = [&](int j) {
+      const int m0 = (m_begin + j) * kBlockM;
+      return tile_score.needs_mask(m0, m0 + kBlockM, n0, kBlockN);
+    };
+    int j_begin = 0;
+    while (j_begin < n_m && tile_needs_mask(j_begin)) ++j_begin;
+    int j_end = j_begin;
+    while (j_end < n_m && !tile_needs_mask(j_end)) ++j_end;
+    const int tail = n_m - j_end;
+    while (it < n_iters) {  // one head a pass
+      for (const int end = it + j_begin; it < end;) step(std::true_type{});
+      for (const int end = it + j_end - j_begin; it < end;) step(std::false_type{});
+      for (const int end = it + tail; it < end;) step(std::true_type{});
+    }
+  } else {
+    while (it < n_iters) step(nullptr);
   }
 
   // Epilogue: dK = scale * acc_dk and dV, from registers, rows inside the sequence's keys.

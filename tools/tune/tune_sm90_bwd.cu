@@ -1,5 +1,5 @@
 // Times the sm_90a backward (bwd_sm90_kernel.h) and, for reference, the forward on the
-// benchmark's training shapes (16,384 tokens, width 2048), device time only: the kernels are
+// benchmark's training shapes (16,384 tokens, width 2048; 1920 at D = 192), device time only: the kernels are
 // launched back to back without the library's dispatch or Python, so host overhead does not
 // enter.  Build and run on the GPU machine:
 //   nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a [-DTUNE_D=128] \
@@ -83,7 +83,7 @@ int main() {
   for (float** x : {&buf.lse, &buf.delta}) check_cuda(cudaMalloc(x, (size_t)16384 * 32 * 4), "cudaMalloc");
   check_cuda(cudaMemset(buf.delta, 0, (size_t)16384 * 32 * 4), "cudaMemset");
   check_cuda(cudaMalloc(&buf.dq_accum, elems * 4), "cudaMalloc");
-  for (int d : {64, 128, 256})
+  for (int d : {64, 128, 192, 256})
     for (bool causal : {false, true})
       for (int S : {512, 1024, 2048, 4096, 16384}) {
         if ((only_s && S != std::atoi(only_s)) || (only_causal && causal != (std::atoi(only_causal) != 0))) continue;
@@ -93,6 +93,9 @@ int main() {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 128
         run<128>(s, buf);
+#endif
+#if !defined(TUNE_D) || TUNE_D == 192
+        run<192>(s, buf);
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
         run<256>(s, buf);

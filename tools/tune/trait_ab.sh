@@ -1,0 +1,47 @@
+#!/bin/bash
+# Device A/B of one compile-time choice in the sm_90a kernels, in one call, from the repository
+# root: the base tree is this one with a sed expression applied to one header, both trees
+# build a harness per head dim, and two alternating rounds time them (kernels alone).  The
+# harnesses print a checksum of the outputs' bits (-DTUNE_CHECKSUM), which must match
+# between base and new where the choice does not change the arithmetic.
+#   OUT=$OUT bash tools/tune/trait_ab.sh NAME HARNESS "DIMS" HEADER 'SED' [FLAGS]
+#   NAME     the output's name: $OUT/NAME_ab.txt
+#   HARNESS  tools/tune/tune_sm90.cu (the forward; add -DTUNE_DISPATCHED to FLAGS for the
+#            tiles the library dispatches) or tools/tune/tune_sm90_bwd.cu (the backward)
+#   DIMS     head dims, one build each (-DTUNE_D)
+#   HEADER   the file under csrc/ that SED turns into the base (checked: it must change it)
+# TESTS=1 also builds the sm_90 wheel and runs the GPU tests of FILES (paths from the root,
+# default tests/test_sm90.py) on it, into $OUT/tests.txt.  The backward's runs (kMaskRuns) against one
+# loop, for example:
+#   OUT=$OUT TESTS=1 bash tools/tune/trait_ab.sh bwd_mask_runs tools/tune/tune_sm90_bwd.cu "64 128 192" \
+#     cuda_fmha/bwd_sm90_kernel.h 's/static constexpr bool kMaskRuns = .*;/static constexpr bool kMaskRuns = false;/'
+set -euo pipefail
+NAME=$1 HARNESS=$2 DIMS=$3 HEADER=$4 SED=$5 FLAGS=${6:-}
+OUT=${OUT:-/tmp/trait_ab_out}
+mkdir -p "$OUT"
+REPO=$PWD BASE=/tmp/trait_ab_base
+rm -rf "$BASE" && mkdir -p "$BASE" && cp -r csrc "$BASE/"
+sed -i "$SED" "$BASE/csrc/$HEADER"
+if cmp -s "csrc/$HEADER" "$BASE/csrc/$HEADER"; then echo "the sed expression left csrc/$HEADER unchanged" >&2; exit 1; fi
+for D in $DIMS; do
+  for t in base new; do
+    tree=$([ $t = base ] && echo "$BASE" || echo "$REPO")
+    # shellcheck disable=SC2086
+    nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a -DTUNE_D="$D" -DTUNE_CHECKSUM $FLAGS \
+      -I"$tree/csrc" -I"$tree/csrc/include" "$HARNESS" "$tree/csrc/cuda_fmha/tma.cu" -o "/tmp/trait_ab_${t}_$D" &
+  done
+done
+wait
+for r in 1 2; do
+  for D in $DIMS; do
+    for t in base new; do echo "== round $r D=$D $t"; "/tmp/trait_ab_${t}_$D"; done
+  done
+done 2>&1 | tee "$OUT/${NAME}_ab.txt"
+if [ "${TESTS:-0}" = 1 ]; then
+  FMHA_CUDA_ARCHS=90 python3 -m pip wheel --no-build-isolation --no-deps . -w /tmp/trait_ab_whl > "$OUT/wheel.log" 2>&1
+  python3 -m pip install --no-deps --force-reinstall /tmp/trait_ab_whl/fmha-*.whl > /dev/null
+  files=()
+  for f in ${FILES:-tests/test_sm90.py}; do files+=("$REPO/$f"); done
+  (cd /tmp && FMHA_REQUIRE_GPU=1 python3 -m pytest "${files[@]}" -q -x -k cuda -p no:cacheprovider) 2>&1 |
+    tail -5 | tee "$OUT/tests.txt"
+fi
