@@ -11,9 +11,11 @@
 #   DIMS     head dims, one build each (-DTUNE_D)
 #   HEADER   the file under csrc/ that SED turns into the base (checked: it must change it)
 # TESTS=1 also builds the sm_90 wheel and runs the GPU tests of FILES (paths from the root,
-# default tests/test_sm90.py) on it, into $OUT/tests.txt.  The backward's runs (kMaskRuns) against one
+# default tests/test_sm90.py) on it, into $OUT/tests.txt; SAN=<kernel name part> then runs
+# memcheck, racecheck and synccheck on the kernels so named over tools/sanitize_cases.py,
+# into $OUT/sanitizers.txt.  The backward's runs (kMaskRuns) against one
 # loop, for example:
-#   OUT=$OUT TESTS=1 bash tools/tune/trait_ab.sh bwd_mask_runs tools/tune/tune_sm90_bwd.cu "64 128 192" \
+#   OUT=$OUT TESTS=1 SAN=bwd_sm90 bash tools/tune/trait_ab.sh bwd_mask_runs tools/tune/tune_sm90_bwd.cu "64 128 192" \
 #     cuda_fmha/bwd_sm90_kernel.h 's/static constexpr bool kMaskRuns = .*;/static constexpr bool kMaskRuns = false;/'
 set -euo pipefail
 NAME=$1 HARNESS=$2 DIMS=$3 HEADER=$4 SED=$5 FLAGS=${6:-}
@@ -43,5 +45,12 @@ if [ "${TESTS:-0}" = 1 ]; then
   files=()
   for f in ${FILES:-tests/test_sm90.py}; do files+=("$REPO/$f"); done
   (cd /tmp && FMHA_REQUIRE_GPU=1 python3 -m pytest "${files[@]}" -q -x -k cuda -p no:cacheprovider) 2>&1 |
-    tail -5 | tee "$OUT/tests.txt"
+    tail -5 | tee "$OUT/tests.txt" || true
+  if [ -n "${SAN:-}" ]; then
+    for tool in memcheck racecheck synccheck; do
+      echo "== $tool (kernels matching $SAN)"
+      (cd /tmp && compute-sanitizer --tool "$tool" --kernel-name "kns=$SAN" python3 "$REPO/tools/sanitize_cases.py") 2>&1 |
+        tail -4
+    done | tee "$OUT/sanitizers.txt"
+  fi
 fi
