@@ -100,8 +100,9 @@ struct BwdSm90Traits {
   // (C7512), nor with K and V in registers (0.98-0.99x, measured beside an mbarrier change).
   static constexpr bool kUniformRoles = kHeadDim != 128 && !kKVInRegs;
   // The query blocks that see all of a CTA's keys run in a loop of their own, with the mask
-  // compiled out (bwd_sm90_kernel's runs): that loop's instructions 876 -> 661 at D = 64,
-  // 673 -> 514 at 128, 465 -> 422 at 192 (SASS, bf16).  Not at D = 256, where ptxas gives the
+  // compiled out (bwd_sm90_kernel's runs): that loop 661 instructions a block against one
+  // loop's 914 at D = 64, 514 against 695 at 128, 423 against 490 at 192 (SASS, bf16; the
+  // masked loops 876, 673, 466).  Not at D = 256, where ptxas gives the
   // second and third copies of the loop 64-bit descriptor adds in two halves and rebuilds
   // the constant high word before every wgmma (485 -> 550), nor in the score-mod instances.
   static constexpr bool kMaskRuns = !kScoreMod && kHeadDim != 256;
