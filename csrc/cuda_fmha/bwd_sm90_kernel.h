@@ -100,12 +100,12 @@ struct BwdSm90Traits {
   // (C7512), nor with K and V in registers (0.98-0.99x, measured beside an mbarrier change).
   static constexpr bool kUniformRoles = kHeadDim != 128 && !kKVInRegs;
   // The query blocks that see all of a CTA's keys run in a loop of their own, with the mask
-  // compiled out (bwd_sm90_kernel's runs): that loop 661 instructions a block against one
-  // loop's 914 at D = 64, 514 against 695 at 128, 423 against 490 at 192 (SASS, bf16; the
-  // masked loops 876, 673, 466).  Not at D = 256, where ptxas gives the
-  // second and third copies of the loop 64-bit descriptor adds in two halves and rebuilds
-  // the constant high word before every wgmma (485 -> 550), nor in the score-mod instances.
-  static constexpr bool kMaskRuns = !kScoreMod && kHeadDim != 256;
+  // compiled out (bwd_sm90_kernel's runs): at D = 64 (128-row blocks) that loop has 661
+  // instructions a block against one loop's 914 and the kernel runs 1.00-1.07x (H100,
+  // docs/tuning.md).  Not at D = 128 and 192, 0.94-1.00x and 0.95-1.00x though their
+  // unmasked loops shrink too (695 -> 514, 490 -> 423), nor at 256 (ptxas rebuilds the
+  // descriptors' high words in the later loops, 485 -> 550), nor with a score mod.
+  static constexpr bool kMaskRuns = !kScoreMod && kHeadDim == 64;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
   using TileK = Sm90Tile<kBlockN, kHeadDim, kSlab>;
   using TileV = Sm90Tile<kBlockN, kHeadDim>;
