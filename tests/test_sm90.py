@@ -198,12 +198,12 @@ def test_cuda_sm90_backward_features(feature, d):
         assert (res["dq"][:, :200] == 0).all()
 
 
-# The plain instances walk a key block's query blocks in runs (kMaskRuns): masked blocks
-# first (the diagonal, a window's near edge), then those that see every key of the block
-# with the mask compiled out, then masked ones again (a window's far edge, the last, partial
-# query block).  Windows with blocks of all three kinds, a band narrower than a block,
-# bottom-right causal with more keys than queries, and no mask (the last query block alone is
-# masked: 60 live rows of 700); D = 192 splits the head dim between the consumers.
+# The plain D = 64 instance walks a key block's query blocks in runs (kMaskRuns): masked
+# blocks first (the diagonal, a window's near edge), then those that see every key of the
+# block with the mask compiled out, then masked ones again (a window's far edge, the last,
+# partial query block); D = 128 and 192 test every block in one loop.  Windows with blocks
+# of all three kinds, a band narrower than a block, bottom-right causal with more keys than
+# queries, and no mask (the last query block alone is masked: 60 live rows of 700).
 BWD_MASK_RUNS = {
     "full": {},
     "window_both_edges": dict(window_size=(300, 100)),

@@ -109,8 +109,8 @@ def main():
     run_varlen(128, deterministic=True, return_attn_probs=True, dropout_p=0.1)
     run_varlen(64, causal=True, deterministic=True)
     run(1, 100, 700, 2, 2, 128, deterministic=True)  # six key blocks add each query block's dQ in turn
-    # The sm_90a backward's runs by mask (kMaskRuns, D = 64-192): each key block's masked
-    # query blocks first and last, unmasked ones between.
+    # The sm_90a backward's runs by mask (kMaskRuns, D = 64): each key block's masked query
+    # blocks first and last, unmasked ones between; D = 128 and 192 in one loop.
     run(1, 700, 1100, 4, 2, 64, window_size=(300, 100))
     run(1, 700, 1100, 4, 2, 128, window_size=(300, 100))
     run(1, 700, 1100, 4, 2, 192, causal=True, window_size=(400, 0))
