@@ -13,9 +13,9 @@ import torch
 
 import fmha
 from fmha import _C
-from conftest import (OUT_TOL, assert_close, check_backward, flash_call, kernels_launched, leaf, op_call,
+from conftest import (GRAD_TOL, OUT_TOL, assert_close, check_backward, flash_call, kernels_launched, leaf, op_call,
                       poison_memory, poisoned_outputs, randn, varlen_call)
-from reference import attention_ref
+from reference import attention_ref, attention_ref_grads
 
 
 def _hopper_build():
@@ -324,3 +324,29 @@ def test_cuda_calls_the_sm90_backward_does_not_take(case):
 
     _, names = kernels_launched(run)
     assert any("bwd" in n for n in names) and not _ran_sm90_bwd(names), sorted(names)
+
+
+def test_cuda_sm90_backward_declined_after_delta():
+    # K and V expanded over the batch (a zero batch stride, which a tensor map cannot hold):
+    # the sm_90a backward takes the call by its problem, so D is first written in its padded
+    # statistics' layout, and declines it at launch; the mma.sync kernels then need D again
+    # in the LSE's layout (dispatch.cu, bwd_tensor_core).
+    q = leaf(randn(3, 333, 4, 64, dtype=torch.bfloat16).cuda())
+    k1, v1 = (leaf(randn(1, 517, 2, 64, dtype=torch.bfloat16).cuda()) for _ in range(2))
+    dout = randn(3, 333, 4, 64, dtype=torch.bfloat16).cuda()
+
+    def run():
+        out = fmha.flash_attn_func(q, k1.expand(3, -1, -1, -1), v1.expand(3, -1, -1, -1), causal=True)
+        out.backward(dout)
+        return out
+
+    with poisoned_outputs():
+        out, names = kernels_launched(run)
+    assert any("bwd_delta_kernel" in n for n in names) and not _ran_sm90_bwd(names), sorted(names)
+    k, v = (t.detach().expand(3, -1, -1, -1).cpu() for t in (k1, v1))
+    ref_out, _, dq, dk, dv = attention_ref_grads(q.detach().cpu(), k, v, dout.cpu(), causal=True)
+    assert_close(out.cpu(), ref_out, OUT_TOL[torch.bfloat16], "out")
+    floor = 1e-2 * max(g.norm().item() for g in (dq, dk, dv))
+    assert_close(q.grad.cpu(), dq, GRAD_TOL[torch.bfloat16], "dq", floor=floor)
+    assert_close(k1.grad.cpu(), dk.sum(0, keepdim=True), GRAD_TOL[torch.bfloat16], "dk", floor=floor)
+    assert_close(v1.grad.cpu(), dv.sum(0, keepdim=True), GRAD_TOL[torch.bfloat16], "dv", floor=floor)

@@ -294,21 +294,26 @@ FMHA_DEVICE void store8(void* base, int64_t i, const float (&x)[8]) {
 // and written a float at a time.
 FMHA_DEVICE bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 
-// CTAs along x of chunk_bwd_delta's grid (x, Hq, batch).
-FMHA_HOST_DEVICE int chunk_delta_blocks(const fmha_problem& pr) {
-  return pr.seqlen_q > kChunkRows ? (pr.seqlen_q + kChunkRows - 1) / kChunkRows : 1;
+// CTAs along x of chunk_bwd_delta's grid (x, Hq, batch); `padded`: the padded statistics'
+// layout, whose padding rows the grid covers too.
+FMHA_HOST_DEVICE int chunk_delta_blocks(const fmha_problem& pr, bool padded) {
+  const int rows = padded ? (pr.seqlen_q + kStatBlock - 1) / kStatBlock * kStatBlock : pr.seqlen_q;
+  return rows > kChunkRows ? (rows + kChunkRows - 1) / kChunkRows : 1;
 }
 
 // CTA (x, h, b) of kChunkThreads threads (this one `tid`): delta = dO . O - dLSE for query
-// rows [kChunkRows * x, kChunkRows * (x + 1)) of sequence b, head h, laid out like the LSE;
-// and zeros in the CTA's share of the fp32 dQ accumulator (`zero`, `zero_count` floats, a
-// multiple of 4, split evenly over the grid), which the backward then adds into.
+// rows [kChunkRows * x, kChunkRows * (x + 1)) of sequence b, head h, laid out like the LSE,
+// or with `lse2` the padded statistics (sequence.h: delta and lse2 their two arrays, LSE in
+// log2 units into lse2, the padding rows +inf and 0); and zeros in the CTA's share of the
+// fp32 dQ accumulator (`zero`, `zero_count` floats, a multiple of 4, split evenly over the
+// grid), which the backward then adds into.
 template <class G, class T>
-FMHA_DEVICE void chunk_bwd_delta(const fmha_bwd_params& p, float* delta, float* zero, int64_t zero_count, int b,
-                                 int h, int x, int tid) {
+FMHA_DEVICE void chunk_bwd_delta(const fmha_bwd_params& p, float* delta, float* lse2, float* zero, int64_t zero_count,
+                                 int b, int h, int x, int tid) {
   const fmha_problem& pr = p.problem;
+  const bool padded = lse2 != nullptr;
   if (zero_count > 0) {
-    const int64_t gx = chunk_delta_blocks(pr), ctas = gx * pr.num_heads_q * pr.batch;
+    const int64_t gx = chunk_delta_blocks(pr, padded), ctas = gx * pr.num_heads_q * pr.batch;
     const int64_t cta = x + gx * (h + (int64_t)pr.num_heads_q * b);
     const int64_t vecs = zero_count / 4, share = (vecs + ctas - 1) / ctas;
     const int64_t end = vecs < (cta + 1) * share ? vecs : (cta + 1) * share;
@@ -325,6 +330,7 @@ FMHA_DEVICE void chunk_bwd_delta(const fmha_bwd_params& p, float* delta, float* 
   const int lanes = chunk_lanes(pr.head_dim), slots = kChunkThreads / lanes;
   const int slot = tid / lanes, col = tid % lanes * 8;
   const int i0 = x * kChunkRows, i_end = seq.len_q < i0 + kChunkRows ? seq.len_q : i0 + kChunkRows;
+  const int pad_end = padded ? (seq.len_q + kStatBlock - 1) / kStatBlock * kStatBlock : seq.len_q;
   // Every lane takes every step: the sum shuffles within its group of lanes.
   for (int r = 0; r < kChunkRows; r += slots) {
     const int i = i0 + r + slot;
@@ -340,7 +346,16 @@ FMHA_DEVICE void chunk_bwd_delta(const fmha_bwd_params& p, float* delta, float* 
     for (int m = lanes / 2; m > 0; m /= 2) dot += G::shfl_xor(dot, m);
     if (row && col == 0) {
       const int64_t idx = seq.lse_index(pr, i, h);
-      delta[idx] = dot - (p.dlse ? p.dlse[idx] : 0.f);
+      const float di = dot - (p.dlse ? p.dlse[idx] : 0.f);
+      if (padded) {
+        const int64_t sidx = seq.stat_index(pr, i, h);
+        delta[sidx] = di, lse2[sidx] = lse_log2(p.lse[idx]);
+      } else {
+        delta[idx] = di;
+      }
+    } else if (padded && r + slot < kChunkRows && i >= seq.len_q && i < pad_end && col == 0) {
+      const int64_t sidx = seq.stat_index(pr, i, h);  // padding: P = 0 in these rows
+      delta[sidx] = 0.f, lse2[sidx] = INFINITY;
     }
   }
 }

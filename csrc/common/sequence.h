@@ -71,7 +71,29 @@ struct Sequence {
     return varlen ? (int64_t)h * p.total_q + q_row0 + i
                   : ((int64_t)batch * p.num_heads_q + h) * p.seqlen_q + i;
   }
+  // Index of row i, head h in the padded statistics (padded_stat_rows below).
+  FMHA_HOST_DEVICE int64_t stat_index(const fmha_problem& p, int64_t i, int32_t h) const;
 };
+
+// The sm_90a backward's per-row statistics, LSE in log2 units and D = dO . O - dLSE: two
+// arrays of (Hq, padded_stat_rows) floats, a sequence's rows starting on a multiple of
+// kStatBlock and padded to whole kStatBlocks (+inf and 0 past its end), so that a query
+// block of up to kStatBlock rows arrives by one bulk copy per array, whole 16-byte units
+// from a 16-byte boundary, with nothing to bound.  Varlen sequence b starts at
+// floor((q_row0 + kStatBlock * b) / kStatBlock) * kStatBlock: at or past the previous
+// one's padded end, and its own end below total_q + kStatBlock * batch.
+constexpr int kStatBlock = 128;
+FMHA_HOST_DEVICE int64_t padded_stat_rows(const fmha_problem& p) {
+  const int64_t rows = p.cu_seqlens_q != nullptr
+                           ? (int64_t)p.total_q + (int64_t)kStatBlock * p.batch
+                           : (int64_t)p.batch * ((p.seqlen_q + kStatBlock - 1) / kStatBlock * kStatBlock);
+  return (rows + kStatBlock - 1) / kStatBlock * kStatBlock;
+}
+FMHA_HOST_DEVICE int64_t Sequence::stat_index(const fmha_problem& p, int64_t i, int32_t h) const {
+  const int64_t row0 = varlen ? (q_row0 + (int64_t)kStatBlock * batch) / kStatBlock * kStatBlock
+                              : (int64_t)batch * ((p.seqlen_q + kStatBlock - 1) / kStatBlock * kStatBlock);
+  return (int64_t)h * padded_stat_rows(p) + row0 + i;
+}
 
 // The fp32 dQ accumulator of the atomic backward: rows in LSE's layout, head_dim floats
 // each, so that one query block of one head is a single contiguous span (the sm90 kernel

@@ -5,9 +5,10 @@
 // (fp32 shares summed by dkv_reduce_kernel).  Its threads split into warpgroups by role:
 //
 //   producer (warpgroup 0): one thread brings K and V once, then each query block's Q and
-//     dO, by TMA into a ring of kStages stages; warp 1 fills the stage's LSE (log2 units)
-//     and D = rowsum(dO * O) - dLSE; warp 2 hands each block's dQ to the copy engine, which
-//     adds it into the fp32 accumulator (one bulk reduction per block).
+//     dO, by TMA into a ring of kStages stages, and a thread of warp 1 the block's LSE (log2
+//     units) and D = rowsum(dO * O) - dLSE from the padded statistics (sequence.h, written
+//     by bwd_delta_kernel) by bulk copies; warp 2 hands each block's dQ to the copy engine,
+//     which adds it into the fp32 accumulator (one bulk reduction per block).
 //   consumers (warpgroups 1, 2, 64 keys each): per query block
 //       S^T = K Q^T and dP^T = V dO^T                 (wgmma, both operands from shared)
 //       P^T = exp2(S^T - LSE), dS^T = P^T (dP^T - D)   (registers)
@@ -112,14 +113,9 @@ struct BwdSm90Traits {
   using TileDS = Sm90Tile<kBlockN, kBlockM>;             // dS^T (and with kSplitD P^T), keys in rows
   static_assert(TileK::kBytes == TileV::kBytes, "one transaction count for K and V");
   // Registers per thread after setmaxnreg, launched at 168 (65536 / 384 rounded down to 8):
-  // what the producer gives up, (168 - 40) x 128, is what the consumers take, (232 - 168) x
-  // 256.  At 24 / 240 the producer's warps spilled (17-74 local loads and stores in the LSE
-  // and dQ loops) and the backward ran 1-7% slower at D = 64 and 5-20% at D = 256, D = 128
-  // level (tools/tune/tune_sm90_bwd.cu on an H200, docs/tuning.md).  D = 128 with a score
-  // mod keeps 24 / 240: its consumers, which hold the tanh for the gradient, would spill 63
-  // local accesses at 232 against 27.
-  static constexpr bool kConsumers240 = kHeadDim == 128 && kScoreMod;
-  static constexpr int kProducerRegs = kConsumers240 ? 24 : 40, kConsumerRegs = kConsumers240 ? 240 : 232;
+  // what the producer gives up, (168 - 24) x 128, is what the consumers take, (240 - 168) x
+  // 256.  The producer's threads hold no data (the copy engine brings LSE and D too).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   // Shared memory: K | V | Q ring | dO ring | dS^T (two buffers) | P^T (two, kSplitD) |
   // dQ (fp32) | LSE, D rings | mbarriers.  Tiles start on 1024-byte lines (the 128-byte
   // swizzle's period).
@@ -148,7 +144,7 @@ constexpr int kBarDs = 1, kBarDqEmpty = 2, kBarDqFull = 3, kBarDkv = 4;
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ fmha_bwd_params p, const __grid_constant__ BwdSm90Maps maps,
-                    float* dq_accum, const float* delta_ws, float* dkv_part, int splits, int* dq_locks,
+                    float* dq_accum, const float* stats, float* dkv_part, int splits, int* dq_locks,
                     int lock_blocks) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename K::T;
@@ -215,10 +211,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     mbar_init(full_kv, 1);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full + s, 1 + 32);           // the TMA thread's, and each lane of the LSE warp
+      mbar_init(full + s, 2);  // the two copying threads' (and the copies' bytes)
       // Every consumer thread arrives once done with the stage: its reads of LSE and D are
-      // then ordered before the LSE warp's next writes (one arrival per warpgroup after the
-      // products would order them only through wgmma's warpgroup-wide issue).
+      // then ordered before the copy engine's next writes (one arrival per warpgroup after
+      // the products would order them only through wgmma's warpgroup-wide issue).
       mbar_init(empty + s, 128 * K::kConsumers);
     }
     fence_barrier_init();
@@ -244,6 +240,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int s = 0; s < TileV::kSlabs; ++s)
         tma_load_4d(sV + s * (TileV::kSlabBytes / 2), &maps.v, full_kv, s * TileV::kSlab, k_row, hk, batch);
       Step cur = first;
+#pragma unroll 1
       for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
         const int st = it % kStages;
         mbar_wait(empty + st, ((it / kStages) & 1) ^ 1);  // the first pass finds the stages free
@@ -259,19 +256,21 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     } else if (warp == 1) {
-      // LSE in log2 units (+inf past the sequence: P = 0 there) and D, per stage.
+      // LSE and D, whole padded blocks (+inf and 0 past the sequence: P = 0 there), from a
+      // thread of their own: in the thread that issues Q and dO, 24 registers spilled.
+      if (lane != 0) return;
+      static_assert(kBlockM <= kStatBlock && kBlockM * 4 % 16 == 0, "a query block's statistics in one copy");
+      const float* stat_lse = stats;
+      const float* stat_delta = stats + pr.num_heads_q * padded_stat_rows(pr);
       Step cur = first;
+#pragma unroll 1
       for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
         const int st = it % kStages;
         mbar_wait(empty + st, ((it / kStages) & 1) ^ 1);
-        const int rows = seq.len_q - cur.m0;
-        const float* lse = p.lse + seq.lse_index(pr, cur.m0, cur.h);  // a head's rows are contiguous
-        const float* delta = delta_ws + (lse - p.lse);
-        for (int r = lane; r < kBlockM; r += 32) {
-          sLse[st * kBlockM + r] = r < rows ? lse_log2(lse[r]) : INFINITY;
-          sDelta[st * kBlockM + r] = r < rows ? delta[r] : 0.f;
-        }
-        mbar_arrive(full + st);
+        mbar_arrive_expect_tx(full + st, 2 * kBlockM * 4);
+        const int64_t si = seq.stat_index(pr, cur.m0, cur.h);
+        bulk_load(sLse + st * kBlockM, stat_lse + si, kBlockM * 4, full + st);
+        bulk_load(sDelta + st * kBlockM, stat_delta + si, kBlockM * 4, full + st);
       }
     } else if (warp == 2) {
       // Each block's dQ, once both consumers have written it, goes out as one bulk
@@ -292,6 +291,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       };
       named_barrier_arrive(kBarDqEmpty, kDqThreads);
       Step cur = first;
+#pragma unroll 1
       for (int it = 0; it < n_iters; ++it, cur = next(cur)) {
         int* lock = nullptr;
         named_barrier_sync(kBarDqFull, kDqThreads);
@@ -644,15 +644,15 @@ namespace cuda {
 
 // Returns false, launching nothing, when the copy engine cannot describe the tensors or the
 // dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
-// splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
+// stats: the padded statistics (sequence.h), 16-byte aligned.  splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
 // the room for their fp32 shares of dK and dV (bwd_sm90_dkv_part_bytes).  dq_locks (zeros,
 // deterministic mode): a turn counter per (sequence, query head, query block of 64 rows or
 // more), lock_blocks per (sequence, head).
 template <class K>
-bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, int splits,
+bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* stats, float* dkv_part, int splits,
                   int* dq_locks, int lock_blocks, cudaStream_t stream) {
   const fmha_problem& pr = p.problem;
-  if (reinterpret_cast<uintptr_t>(dq_accum) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(dq_accum) % 16 != 0 || reinterpret_cast<uintptr_t>(stats) % 16 != 0) return false;
   const bool varlen = pr.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? pr.total_q : pr.seqlen_q, rows_k = varlen ? pr.total_k : pr.seqlen_k;
   const int64_t batches = varlen ? 1 : pr.batch;
@@ -672,7 +672,7 @@ bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta,
   const dim3 grid(n_blocks, pr.num_heads_k * splits, pr.batch);
   auto kernel = bwd_sm90_kernel<K>;
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
-  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, delta, splits > 1 ? dkv_part : nullptr,
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, stats, splits > 1 ? dkv_part : nullptr,
                                                         splits, dq_locks, lock_blocks);
   check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
   if (splits > 1) {

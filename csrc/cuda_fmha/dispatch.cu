@@ -281,38 +281,56 @@ size_t dq_lock_bytes(const fmha_problem& pr) {
 }
 
 template <class T, int D>
-bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part,
+bool bwd_sm90_instance(const fmha_bwd_params& p, float* dq_accum, const float* stats, float* dkv_part,
                        cudaStream_t s) {
   const fmha_problem& pr = p.problem;
   const int splits = bwd_sm90_splits(pr, device_sm_count());
   int* locks = p.deterministic ? dq_locks(pr, dq_accum) : nullptr;
   if (score_mods(pr))
-    return run_bwd_sm90<BwdSm90Config<T, D, true>>(p, dq_accum, delta, dkv_part, splits, locks, dq_lock_blocks(pr), s);
-  return run_bwd_sm90<BwdSm90Config<T, D, false>>(p, dq_accum, delta, dkv_part, splits, locks, dq_lock_blocks(pr), s);
+    return run_bwd_sm90<BwdSm90Config<T, D, true>>(p, dq_accum, stats, dkv_part, splits, locks, dq_lock_blocks(pr), s);
+  return run_bwd_sm90<BwdSm90Config<T, D, false>>(p, dq_accum, stats, dkv_part, splits, locks, dq_lock_blocks(pr), s);
 }
 
-// True when the sm_90a backward ran the call.
+// True when the sm_90a backward ran the call (stats: its padded statistics).
 template <class T>
-bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
+bool bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* stats, float* dkv_part, cudaStream_t s) {
 #ifdef FMHA_WITH_SM90A
   if (!bwd_sm90_takes(p.problem)) return false;
   bool ran = false;
   with_head_dim<64, 128, 192, 256>(bwd_sm90_head_dim(p.problem), [&](auto d) {
-    ran = bwd_sm90_instance<T, decltype(d)::value>(p, dq_accum, delta, dkv_part, s);
+    ran = bwd_sm90_instance<T, decltype(d)::value>(p, dq_accum, stats, dkv_part, s);
   });
   return ran;
 #else
-  (void)p, (void)dq_accum, (void)delta, (void)dkv_part, (void)s;
+  (void)p, (void)dq_accum, (void)stats, (void)dkv_part, (void)s;
   return false;
 #endif
 }
 
+// D = dO . O - dLSE (bwd_delta_kernel) into the workspace's first part: in the LSE's layout,
+// or `padded`, the sm_90a backward's padded statistics (LSE in log2 units, then D); and the
+// accumulator's zeros (`zero_bytes` from `zero`) in the same pass.
+template <class T>
+void bwd_delta(const fmha_bwd_params& p, float* delta, bool padded, float* zero, size_t zero_bytes, cudaStream_t s) {
+  const fmha_problem& pr = p.problem;
+  if (pr.seqlen_q == 0 && zero_bytes == 0) return;
+  float* lse2 = padded ? delta : nullptr;
+  float* d = padded ? delta + pr.num_heads_q * padded_stat_rows(pr) : delta;
+  const dim3 grid(chunk_delta_blocks(pr, padded), pr.num_heads_q, pr.batch);
+  bwd_delta_kernel<T><<<grid, kChunkThreads, 0, s>>>(p, d, lse2, zero, (int64_t)(zero_bytes / 4));
+  check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
+}
+
 // The accumulator's floats per row when dQ is left there (for dq_convert_kernel), else 0:
 // always from the sm_90a kernel, from the mma.sync ones unless deterministic (then
-// bwd_dq_kernel writes dQ).
+// bwd_dq_kernel writes dQ).  `delta` holds the padded statistics where the sm_90a kernel
+// takes the call, else D in the LSE's layout.
 template <class T>
-int bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, const float* delta, float* dkv_part, cudaStream_t s) {
+int bwd_tensor_core(const fmha_bwd_params& p, float* dq_accum, float* delta, float* dkv_part, cudaStream_t s) {
   if (bwd_sm90<T>(p, dq_accum, delta, dkv_part, s)) return bwd_sm90_head_dim(p.problem);
+  // Declined after all (tensors the copy engine cannot describe): D again, in the layout the
+  // mma.sync kernels read.
+  if (bwd_sm90_takes(p.problem)) bwd_delta<T>(p, delta, false, nullptr, 0, s);
   with_head_dim<32, 64, 96, 128, 192, 256>(padded_head_dim(p.problem.head_dim), [&](auto d) {
     bwd_features<T, decltype(d)::value>(p, dq_accum, delta, s);
   });
@@ -342,10 +360,14 @@ void fwd_typed(const fmha_fwd_params& p, cudaStream_t s) {
   }
 }
 
-// Workspace: delta (LSE layout) then the fp32 dQ accumulator, for the 16-bit kernels but
-// the mma.sync ones in deterministic mode, followed there by the turn counters of the
-// sm_90a kernel's deterministic dQ.
-[[maybe_unused]] size_t delta_bytes(const fmha_problem& p) { return ((size_t)lse_elems(p) * 4 + 255) / 256 * 256; }
+// Workspace: delta (LSE layout, or the sm_90a backward's padded statistics, which leave room
+// for it) then the fp32 dQ accumulator, for the 16-bit kernels but the mma.sync ones in
+// deterministic mode, followed there by the turn counters of the sm_90a kernel's
+// deterministic dQ.
+[[maybe_unused]] size_t delta_bytes(const fmha_problem& p) {
+  const size_t floats = bwd_sm90_takes(p) ? 2 * (size_t)p.num_heads_q * padded_stat_rows(p) : (size_t)lse_elems(p);
+  return (floats * 4 + 255) / 256 * 256;
+}
 [[maybe_unused]] size_t dq_accum_bytes(const fmha_bwd_params& p) {
   const fmha_problem& pr = p.problem;
   if (pr.dtype == FMHA_DTYPE_FLOAT32 || (p.deterministic && !bwd_sm90_takes(pr))) return 0;
@@ -378,11 +400,7 @@ void bwd_typed(const fmha_bwd_params& p, cudaStream_t s) {
   } else {
     // delta, and zeros in the fp32 dQ accumulator (and the turn counters after it), in one pass.
     const size_t accum = dq_accum_bytes(p);
-    if (pr.seqlen_q > 0 || accum > 0) {
-      const dim3 grid(chunk_delta_blocks(pr), pr.num_heads_q, pr.batch);
-      bwd_delta_kernel<T><<<grid, kChunkThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
-      check_cuda(cudaGetLastError(), "bwd_delta_kernel launch");
-    }
+    bwd_delta<T>(p, delta, bwd_sm90_takes(pr), dq_accum, accum, s);
     float* dkv_part = reinterpret_cast<float*>(reinterpret_cast<char*>(dq_accum) + accum);
     const int dq_cols = bwd_tensor_core<T>(p, dq_accum, delta, dkv_part, s);
     dq_from_accum = dq_cols > 0 && accum > 0;

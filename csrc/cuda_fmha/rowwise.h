@@ -105,11 +105,13 @@ __global__ void __launch_bounds__(32 * kRowWarps) rowwise_bwd_delta_kernel(const
 
 // ---- helpers of the tensor-core path (16-bit tensors; bodies in ../common/row_kernels.h) ----
 
-// Grid (chunk_delta_blocks, Hq, batch), kChunkThreads threads.
+// Grid (chunk_delta_blocks, Hq, batch), kChunkThreads threads; lse2: null, or the padded
+// statistics' LSE array (delta then their D array).
 template <class T>
 __global__ void __launch_bounds__(kChunkThreads) bwd_delta_kernel(const __grid_constant__ fmha_bwd_params p,
-                                                                   float* delta, float* zero, int64_t zero_count) {
-  chunk_bwd_delta<Warp, T>(p, delta, zero, zero_count, blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.x);
+                                                                   float* delta, float* lse2, float* zero,
+                                                                   int64_t zero_count) {
+  chunk_bwd_delta<Warp, T>(p, delta, lse2, zero, zero_count, blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.x);
 }
 
 // Grid ceil(rows * Hq * head_dim_padded / 8 / kChunkThreads), kChunkThreads threads.

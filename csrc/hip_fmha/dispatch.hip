@@ -156,7 +156,7 @@ void bwd_typed(const fmha_bwd_params& p, hipStream_t s) {
     // delta, and zeros in the fp32 dQ accumulator, in one pass.
     const size_t accum = dq_accum_bytes(p);
     if (pr.seqlen_q > 0 || accum > 0) {
-      const dim3 grid(chunk_delta_blocks(pr), pr.num_heads_q, pr.batch);
+      const dim3 grid(chunk_delta_blocks(pr, false), pr.num_heads_q, pr.batch);
       bwd_delta_kernel<T><<<grid, kChunkThreads, 0, s>>>(p, delta, dq_accum, (int64_t)(accum / 4));
       check_hip(hipGetLastError(), "bwd_delta_kernel launch");
     }

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kRowThreads) rowwise_bwd_delta_kernel(const fm
 template <class T>
 __global__ void __launch_bounds__(kChunkThreads) bwd_delta_kernel(const fmha_bwd_params p, float* delta, float* zero,
                                                                   int64_t zero_count) {
-  chunk_bwd_delta<Wave, T>(p, delta, zero, zero_count, block_z(), block_y(), block_x(), thread_id());
+  chunk_bwd_delta<Wave, T>(p, delta, nullptr, zero, zero_count, block_z(), block_y(), block_x(), thread_id());
 }
 
 // Grid ceil(rows * Hq * head_dim_padded / 8 / kChunkThreads), kChunkThreads threads.

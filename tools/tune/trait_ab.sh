@@ -10,6 +10,10 @@
 #            tiles the library dispatches) or tools/tune/tune_sm90_bwd.cu (the backward)
 #   DIMS     head dims, one build each (-DTUNE_D)
 #   HEADER   the file under csrc/ that SED turns into the base (checked: it must change it)
+# BASE_TAR=<tar of csrc/ and tools/> takes the base from that tar instead (HEADER and SED
+# then '-'), for a change wider than one switch, e.g. the last commit's tree:
+#   git archive HEAD csrc tools > .dev/base.tar
+# and the base then builds its own copy of HARNESS where the tar holds one.
 # TESTS=1 also builds the sm_90 wheel and runs the GPU tests of FILES (paths from the root,
 # default tests/test_sm90.py) on it, into $OUT/tests.txt; SAN=<kernel name part> then runs
 # memcheck, racecheck and synccheck on the kernels so named over tools/sanitize_cases.py,
@@ -22,15 +26,21 @@ NAME=$1 HARNESS=$2 DIMS=$3 HEADER=$4 SED=$5 FLAGS=${6:-}
 OUT=${OUT:-/tmp/trait_ab_out}
 mkdir -p "$OUT"
 REPO=$PWD BASE=/tmp/trait_ab_base
-rm -rf "$BASE" && mkdir -p "$BASE" && cp -r csrc "$BASE/"
-sed -i "$SED" "$BASE/csrc/$HEADER"
-if cmp -s "csrc/$HEADER" "$BASE/csrc/$HEADER"; then echo "the sed expression left csrc/$HEADER unchanged" >&2; exit 1; fi
+rm -rf "$BASE" && mkdir -p "$BASE"
+if [ -n "${BASE_TAR:-}" ]; then
+  tar -xf "$BASE_TAR" -C "$BASE"
+else
+  cp -r csrc "$BASE/"
+  sed -i "$SED" "$BASE/csrc/$HEADER"
+  if cmp -s "csrc/$HEADER" "$BASE/csrc/$HEADER"; then echo "the sed expression left csrc/$HEADER unchanged" >&2; exit 1; fi
+fi
 for D in $DIMS; do
   for t in base new; do
     tree=$([ $t = base ] && echo "$BASE" || echo "$REPO")
+    harness=$([ -f "$tree/$HARNESS" ] && echo "$tree/$HARNESS" || echo "$REPO/$HARNESS")
     # shellcheck disable=SC2086
     nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a -DTUNE_D="$D" -DTUNE_CHECKSUM $FLAGS \
-      -I"$tree/csrc" -I"$tree/csrc/include" "$HARNESS" "$tree/csrc/cuda_fmha/tma.cu" -o "/tmp/trait_ab_${t}_$D" &
+      -I"$tree/csrc" -I"$tree/csrc/include" "$harness" "$tree/csrc/cuda_fmha/tma.cu" -o "/tmp/trait_ab_${t}_$D" &
   done
 done
 wait
