@@ -96,15 +96,18 @@ struct BwdSm90Traits {
   static constexpr bool kKVInRegs = !kSplitD && kHeadDim <= 64 && kBlockM == 64;
   // Roles from a warp-uniform warpgroup index (warpgroup_index, tile/sm90.h): the wgmma
   // descriptors then stay in uniform registers instead of being copied there before every
-  // wgmma (the main loop's instructions 918 -> 860 at D = 64, 605 -> 406 at D = 256; 1.00-1.03x
-  // at D = 64, docs/tuning.md).  Not at D = 128, where ptxas then serialized the wgmmas
-  // (C7512), nor with K and V in registers (0.98-0.99x, measured beside an mbarrier change).
-  static constexpr bool kUniformRoles = kHeadDim != 128 && !kKVInRegs;
+  // wgmma (the main loop's instructions 918 -> 860 at D = 64, 605 -> 406 at D = 256, 695 -> 586
+  // at D = 128; 1.00-1.03x at D = 64, 1.00-1.02x at 128 and 1.02-1.05x with a score mod there,
+  // docs/tuning.md; at D = 128 it needs the consumers' 240 registers, at 232 ptxas serialized
+  // the wgmmas, C7512).  Not with K and V in registers (0.98-0.99x, measured beside an
+  // mbarrier change).
+  static constexpr bool kUniformRoles = !kKVInRegs;
   // The query blocks that see all of a CTA's keys run in a loop of their own, with the mask
   // compiled out (bwd_sm90_kernel's runs): at D = 64 (128-row blocks) that loop has 661
   // instructions a block against one loop's 914 and the kernel runs 1.00-1.07x (H100,
   // docs/tuning.md).  Not at D = 128 and 192, 0.94-1.00x and 0.95-1.00x though their
-  // unmasked loops shrink too (695 -> 514, 490 -> 423), nor at 256 (ptxas rebuilds the
+  // unmasked loops shrink too (695 -> 514, 490 -> 423; at 192 again 0.94-0.99x with 240
+  // registers and the uniform roles), nor at 256 (ptxas rebuilds the
   // descriptors' high words in the later loops, 485 -> 550), nor with a score mod.
   static constexpr bool kMaskRuns = !kScoreMod && kHeadDim == 64;
   using TileQ = Sm90Tile<kBlockM, kHeadDim, kSplitD ? kSlab : (kHeadDim % 64 == 0 ? 64 : 32)>;  // Q and dO stages
