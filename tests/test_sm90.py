@@ -100,15 +100,15 @@ def test_cuda_sm90_forward_scale_and_mask_runs(case, d):
 
 
 # The tile by the keys a tile sees (seqlen_k, half of it under a mask; FwdSm90Tile's kLongKeys,
-# kMLong and kNLong): from 8192, D = 128 takes 176-key blocks (a last block of 8300 % 176 = 28
-# live keys); from 2048, D = 64 192-row tiles of three consumers (300 rows: a second tile of
+# kMLong and kNLong): D = 128 keeps 128-key blocks at every length (8300 % 128 = 108 live
+# keys in the last); from 2048, D = 64 192-row tiles of three consumers (300 rows: a second tile of
 # 108; 2100 % 128 = 52 live keys in the last block) and 128-row tiles below (2000 keys),
 # with and without softcap (the score-mod instance); from 4096, D = 192 takes 112-key blocks
 # (4200 % 112 = 56) and 96-key blocks below (4000 % 96 = 64); D = 256 takes 80-key blocks
 # from 1024 (1100 % 80 = 60 live keys in the last) and 64-key blocks below (1000 % 64 = 40).
 TILES = {"d64": (64, 0.0, 2100, "64, 192, 128"), "d64_softcap": (64, 20.0, 2100, "64, 192, 128"),
          "d64_short": (64, 0.0, 2000, "64, 128, 128"),
-         "d128": (128, 0.0, 8300, "128, 128, 176"), "d192": (192, 0.0, 4200, "192, 128, 112"),
+         "d128": (128, 0.0, 8300, "128, 128, 128"), "d192": (192, 0.0, 4200, "192, 128, 112"),
          "d192_softcap": (192, 20.0, 4200, "192, 128, 112"), "d192_short": (192, 0.0, 4000, "192, 128, 96"),
          "d256": (256, 0.0, 1100, "256, 128, 80"),
          "d256_softcap": (256, 20.0, 1100, "256, 128, 80"), "d256_short": (256, 0.0, 1000, "256, 128, 64")}

@@ -90,7 +90,7 @@ def main():
     run(2, 600, 700, 8, 2, 40, causal=True)
     run(1, 300, 300, 2, 2, 192, dtype=torch.float16)
     run(3, 260, 100, 4, 4, 80, causal=True)
-    run(1, 200, 8300, 2, 2, 128)  # D = 128's 176-key blocks (at least 8192 keys)
+    run(1, 200, 8300, 2, 2, 128)  # D = 128 past 8192 keys
     run(1, 250, 8300, 4, 2, 64, softcap=10.0)  # D = 64's 192-row tiles (three consumers)
     run(1, 200, 1100, 2, 2, 256)  # D = 256's 80-key blocks (at least 1024 keys)
     # D = 128's 128-key blocks with O staged in a buffer of its own: more pairs of tiles than

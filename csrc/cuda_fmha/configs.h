@@ -59,9 +59,6 @@ struct FwdSm90Tile {
 template <> struct FwdSm90Tile<64> {
   static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = 192, kNLong = kN, kLongKeys = 2048;
 };
-template <> struct FwdSm90Tile<128> {
-  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = 176, kLongKeys = 8192;
-};
 template <> struct FwdSm90Tile<192> {
   static constexpr int kM = 128, kN = 96, kStages = 2, kMLong = kM, kNLong = 112, kLongKeys = 4096;
 };

@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
 #endif
 #if !defined(TUNE_D) || TUNE_D == 256
     FWD(256, 128, 80, 2);
+    FWD_O(256, 128, 80, 2, 0);
     FWD(256, 128, 64, 2);
     FWD_NOPP(256, 128, 80, 2);
     FWD_NOPP(256, 128, 64, 2);

@@ -211,9 +211,7 @@ extern template bool run_fwd_sm90<FwdSm90Config<__half, 64, true, true>>(const f
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 96, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
-extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
-extern template bool run_fwd_sm90<FwdSm90Config<__half, 128, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__half, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
@@ -229,9 +227,7 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 64, true, true>>(
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 96, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
-extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
-extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 128, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 192, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
