@@ -94,22 +94,29 @@ struct FwdSm90Traits {
   static constexpr int kOffK = TileQ::kBytes;
   static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
   static constexpr int kOffO = kOffV + kStages * TileV::kBytes;
-  static constexpr int kBars = 2 + 4 * kStages;
   // How O leaves (tools/tune/tune_sm90.cu on an H200): at D <= 64 straight from registers
   // (4-7% faster than staging there); above, staged so that 16-byte rows go out (the direct
   // stores cost 1-5% at D = 128 and up to 11% and 14% at D = 192 and 256), through a
   // buffer of its own where it fits 227 KB, else through the consumer's rows of the Q
   // buffer.  Unless O uses the Q buffer, Q is free after the tile's last S = Q K^T, and the
-  // next tile's Q loads during the last P V and the epilogue.
+  // next tile's Q loads during the last P V and the epilogue.  (The fit counts one pair of
+  // Q barriers, kQParts below, as a buffer of its own implies.)
   // fp8 stages O (bf16, TileO) in a buffer of its own too: its Q buffer holds 8-bit rows.
   using TileO = Sm90Tile<kBlockM, kHeadDim>;
   static constexpr OStore kOStore =
       kOStore_ >= 0 ? OStore(kOStore_)
       : kHeadDim <= 64 ? OStore::kRegisters
-      : kOffO + TileO::kBytes + kBars * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
+      : kOffO + TileO::kBytes + (2 + 4 * kStages) * 8 + 1024 <= 232448 ? OStore::kOwnBuffer
       : kFp8 ? OStore::kRegisters
              : OStore::kQBuffer;
   static constexpr bool kReleaseQEarly = kOStore != OStore::kQBuffer;
+  // Q in parts of its own barriers: where O is staged in the Q buffer, one part per consumer
+  // (its 64 rows), so that a consumer's next Q loads once its own epilogue is done instead of
+  // every consumer's: 1.01-1.04x at D = 256 and up to 1.03x at D = 192 below 4k keys (H100,
+  // O bitwise equal).  Where Q is released after the last S = Q K^T anyway, one part: split
+  // there, D = 128 ran 0.95-0.99x (docs/tuning.md).
+  static constexpr int kQParts = kReleaseQEarly ? 1 : kConsumers;
+  static constexpr int kBars = 2 * kQParts + 4 * kStages;
   // How the softmax sums a row: by a tree after its exp2s, or in two chains of adds beside
   // them.  At D = 64 two chains were 0.5-3.8% faster than one (the kernel before) and the
   // tree 0-3% slower than two; above, the tree gave D = 96 up to 4.4%, D = 128 -0.6 to +3.5%
@@ -269,19 +276,23 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = reinterpret_cast<T*>(smem + K::kOffK);
   T* sV = reinterpret_cast<T*>(smem + K::kOffV);
-  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + K::kOffBar);
-  uint64_t* empty_q = full_q + 1;
-  uint64_t* full_k = empty_q + 1;
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + K::kOffBar);  // one per part of Q (kQParts)
+  uint64_t* empty_q = full_q + K::kQParts;
+  uint64_t* full_k = empty_q + K::kQParts;
   uint64_t* empty_k = full_k + kStages;
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
 
   const int tid = threadIdx.x, wg = K::kUniformRoles ? warpgroup_index() : tid / 128;
   if (tid == 0) {
-    mbar_init(full_q, 1);
-    // One arrival per consumer warpgroup after its last product that reads Q, or, when O is
-    // staged in the Q buffer, one per consumer thread after its last read of it.
-    mbar_init(empty_q, K::kReleaseQEarly ? K::kConsumers : K::kConsumers * 128);
+    // Q's parts: one arrival per consumer warpgroup after its last product that reads Q, or,
+    // when O is staged in the Q buffer, one per thread of the part's consumer after its last
+    // read of it.
+#pragma unroll
+    for (int c = 0; c < K::kQParts; ++c) {
+      mbar_init(full_q + c, 1);
+      mbar_init(empty_q + c, K::kReleaseQEarly ? K::kConsumers : 128);
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k + s, 1);
@@ -344,15 +355,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       };
       int page = page_of(0), page_next = page_of(1);
       if (w.n_blocks > 0) load(sK, &maps.k, full_k, empty_k, 0, page);
-      mbar_wait(empty_q, q_phase ^ 1);
-      if (leader && w.n_blocks > 0) {
-        mbar_arrive_expect_tx(full_q, TileQ::kBytes);
+      constexpr int kPartRows = kBlockM / K::kQParts;
+#pragma unroll 1
+      for (int c = 0; c < K::kQParts; ++c) {  // part c of Q, once its consumers have let go of the last
+        mbar_wait(empty_q + c, q_phase ^ 1);
+        if (leader && w.n_blocks > 0) {
+          mbar_arrive_expect_tx(full_q + c, TileQ::kBytes / K::kQParts);
 #pragma unroll
-        for (int s = 0; s < TileQ::kSlabs; ++s)
-          tma_load_4d(sQ + s * TileQ::kSlabElems, &maps.q, full_q, s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0,
-                      h, batch);
-      } else if (leader) {
-        mbar_arrive(full_q);  // rows that see no key: the consumers only write zeros through sQ
+          for (int s = 0; s < TileQ::kSlabs; ++s)
+            tma_load_4d(sQ + s * TileQ::kSlabElems + c * kPartRows * TileQ::kSlab, &maps.q, full_q + c,
+                        s * TileQ::kSlab, (int)w.seq.q_row0 + w.m0 + kPartRows * c, h, batch);
+        } else if (leader) {
+          mbar_arrive(full_q + c);  // rows that see no key: the consumers only write zeros through sQ
+        }
       }
       for (int i = 1; i < w.n_blocks; ++i) {
         const int page_prev = page;
@@ -407,7 +422,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
     for (int n = 0; n < kDT; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
     SoftmaxRow stats[2] = {SoftmaxRow::empty(), SoftmaxRow::empty()};  // rows g and g + 8
-    mbar_wait(full_q, q_phase);
+    const int q_part = K::kQParts == 1 ? 0 : cw;  // this consumer's part of Q
+    mbar_wait(full_q + q_part, q_phase);
 
     if (n_blocks > 0) {
       const float qk_descale = K::kFp8 ? descale_at(p.q_descale, b, w.hk) * descale_at(p.k_descale, b, w.hk) : 1.f;
@@ -454,7 +470,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // The last product that reads Q is done: unless O goes through the Q buffer, the
       // producer may bring the next tile's.
       auto release_q = [&] {
-        if (K::kReleaseQEarly && tid_wg == 0) mbar_arrive(empty_q);
+        if (K::kReleaseQEarly && tid_wg == 0) mbar_arrive(empty_q + q_part);
       };
       auto wait_full = [&](uint64_t* full, int i) { mbar_wait(full + (it + i) % kStages, ((it + i) / kStages) & 1); };
 
@@ -544,7 +560,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       fence_operand(acc_o);
       release(empty_v, n_blocks - 1);
     } else if (K::kReleaseQEarly && tid_wg == 0) {
-      mbar_arrive(empty_q);  // no key: Q is not read
+      mbar_arrive(empty_q + q_part);  // no key: Q is not read
     }
 
     // Epilogue (lines 14-15): O / l and LSE; O is stored in rows inside the sequence and
@@ -606,7 +622,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       if constexpr (K::kOStore == OStore::kQBuffer) {
         // The copy engine may write the next Q over what this thread read: order the reads first.
         fence_proxy_async_shared();
-        mbar_arrive(empty_q);
+        mbar_arrive(empty_q + q_part);
       }
     }
     it += n_blocks;
@@ -666,7 +682,7 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
     }
     return encode_kv(map, p.v);
   };
-  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM) || !encode_kv(&maps.k, p.k) || !encode_v(&maps.v))
+  if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM / K::kQParts) || !encode_kv(&maps.k, p.k) || !encode_v(&maps.v))
     return false;
   const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
                                        device_sm_count());
