@@ -46,8 +46,9 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // tools/tune/tune_sm90.cu on an H200 (docs/tuning.md, "The sm_90a forward"): 128 x 128 at
 // D = 64-128; long, D = 64 takes 192 x 128 from 2048 keys (three consumers in turns,
 // FlashAttention-3's tile; with the key loop in runs by mask, 1.11-1.22x at 2-4k keys, O
-// bitwise equal, and level at 1k: H100) and D = 128 176-key blocks from 8192 (2-7% faster
-// at S = 16k, 6% slower at 4k); 96 keys at D = 192, and 112 from 4096 keys
+// bitwise equal, and level at 1k: H100); D = 128 keeps 128 keys at every length (176-key
+// blocks from 8192, chosen before the key loop ran by mask, ran 0.96-0.99x at 8-16k keys
+// since: H100); 96 keys at D = 192, and 112 from 4096 keys
 // (FlashAttention-4's block there: 2-5% faster from 4k as dispatched, 2-4% slower at 1-2k);
 // at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
 // last block is mostly empty at S = 512) and 80 from 1024, what fits 227 KB (equal at

@@ -147,12 +147,11 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pa
   return run_fwd_sm90<FwdSm90Config<T, D, false, kLong>>(p, s, pages);
 }
 
-// A paged cache keeps the regular tiles: D = 128's 176-key blocks would be read in boxes of
-// 16 rows from any page (load_pages), and pages of 256 then ran 1.14x their contiguous time
-// at 18k keys (H200) against one box of 128 rows per block otherwise; at pages of 16, whose
-// boxes are 16 rows either way, they ran level with the 128-key blocks (H100, 8k keys of
-// context).  D = 64's 192-row tiles and D = 256's 80-key blocks (also 16-row boxes) were not
-// timed on pages.
+// A paged cache keeps the regular tiles: a long tile's key blocks that a page of 256 does not
+// divide would be read in boxes of 16 rows from any page (load_pages); D = 128's former
+// 176-key blocks ran 1.14x their contiguous time that way at 18k keys (H200) against one box
+// of 128 rows per block.  D = 64's 192-row tiles and D = 256's 80-key blocks (also 16-row
+// boxes) were not timed on pages.
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages) {
   if constexpr (kFwdSm90HasLong<D>) {
