@@ -108,8 +108,8 @@ def test_paged_varlen(device, name, dtype, hq, hk, d, page, seqs, kw):
 # and page multiple; pages of 16, 32, 48 (copied 16 rows at a time into 128- and 80-key
 # blocks, 48 at a time into D = 192's 96-key blocks) and 256 (a whole 128-key block per copy);
 # every sm_90a head dim (80 padded to 96; 256 in 80-key blocks), and more than 8192 keys of
-# capacity at D = 128, with pages of 256 and of 16 (a block's eight 16-row boxes spread over the producer's four
-# warps, the last page cut at the sequence's end).
+# capacity at D = 128, with pages of 256 and of 16 (a block's eight 16-row boxes spread over
+# the producer's four warps, the last page cut at the sequence's end).
 PREFILL = [(130, 700), (1, 300), (0, 90), (70, 70), (1, 1), (64, 0), (200, 333)]
 PREFILL_CASES = [
     ("causal-gqa-p16-d128", torch.bfloat16, 8, 2, 128, 16, PREFILL, dict(causal=True)),
