@@ -38,9 +38,11 @@ for D in $DIMS; do
   for t in base new; do
     tree=$([ $t = base ] && echo "$BASE" || echo "$REPO")
     harness=$([ -f "$tree/$HARNESS" ] && echo "$tree/$HARNESS" || echo "$REPO/$HARNESS")
+    # The fp8 forward's V^T pass lives in fwd_fp8.cu (tune_sm90.cu -DTUNE_FP8).
+    extra=$([[ "$FLAGS" == *TUNE_FP8* ]] && echo "$tree/csrc/cuda_fmha/fwd_fp8.cu" || true)
     # shellcheck disable=SC2086
     nvcc -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a -DTUNE_D="$D" -DTUNE_CHECKSUM $FLAGS \
-      -I"$tree/csrc" -I"$tree/csrc/include" "$harness" "$tree/csrc/cuda_fmha/tma.cu" -o "/tmp/trait_ab_${t}_$D" &
+      -I"$tree/csrc" -I"$tree/csrc/include" "$harness" "$tree/csrc/cuda_fmha/tma.cu" $extra -o "/tmp/trait_ab_${t}_$D" &
   done
 done
 wait
