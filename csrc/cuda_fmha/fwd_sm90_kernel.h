@@ -135,6 +135,11 @@ struct FwdSm90Traits {
   // 1.00-1.01x with O bitwise unchanged (H200); at D = 96 (83 -> 72) 0.97-0.99x up to 2k keys;
   // above, ptxas spills, and fp8 at D = 64 gains R2URs (docs/tuning.md).
   static constexpr bool kUniformRoles = kHeadDim <= 64 && !kFp8;
+  // Q's descriptors rebuilt for every S = Q K^T (one add per k-step) rather than hoisted out
+  // of the key loop, where fp8 at D = 256 held them in 16 registers and spilled 24 B: without
+  // the spills 1.01-1.06x under a causal mask, level without (one H100).  Elsewhere level
+  // (16-bit) or 1-6% slower (fp8 at D = 64 and 128), so they stay hoisted.
+  static constexpr bool kQDescPerBlock = kFp8 && kHeadDim == 256;
   // The key loop in runs by mask: the blocks every row of the tile sees whole run in a loop
   // of their own, with no branch on the mask (nor, in the plain 16-bit instances, on folding
   // the scale), so that ptxas schedules the row maxima and the first exp2s ahead of the wait
@@ -438,11 +443,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
       auto issue_qk = [&](int i) {  // S = Q K_i^T
         const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
+        uint32_t q_lo = (uint32_t)desc_q.base;
+        if constexpr (K::kQDescPerBlock) asm volatile("" : "+r"(q_lo));
         fence_operand(acc_s[0]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
-          Wgmma<T, kBlockN>::template ss<0, 0>(acc_s[0], desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
+          Wgmma<T, kBlockN>::template ss<0, 0>(
+              acc_s[0], K::kQDescPerBlock ? desc_q.k_desc(q_lo, kk) : desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
         wgmma_commit();
         fence_operand(acc_s[0]);
       };

@@ -70,9 +70,17 @@ struct KMajorDesc {
   uint64_t base;
   __device__ __forceinline__ KMajorDesc(const void* tile, int row0)
       : base(make_smem_desc(smem_addr(tile) + row0 * Tile::kSpan, 16, 8 * Tile::kSpan, Tile::kLayoutType)) {}
-  __device__ __forceinline__ uint64_t k_desc(int kk) const {
+  static __device__ __forceinline__ uint32_t k_offset(int kk) {
     const int byte = kk * 32;
-    return base + (uint64_t)(((byte / Tile::kSpan) * Tile::kSlabBytes + byte % Tile::kSpan) >> 4);
+    return (uint32_t)(((byte / Tile::kSpan) * Tile::kSlabBytes + byte % Tile::kSpan) >> 4);
+  }
+  __device__ __forceinline__ uint64_t k_desc(int kk) const { return base + k_offset(kk); }
+  // The same from a low word the caller passes in (e.g. laundered through an empty asm, so
+  // that ptxas rebuilds the steps' descriptors where they are used instead of holding them
+  // all in registers): the offset stays in the start-address field, which never carries
+  // into the next (shared memory ends below 256 KB).
+  __device__ __forceinline__ uint64_t k_desc(uint32_t lo, int kk) const {
+    return (base & 0xffffffff00000000ull) | (lo + k_offset(kk));
   }
 };
 
