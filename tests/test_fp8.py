@@ -525,6 +525,20 @@ def test_cuda_fp8_heads_and_descales(hq, hk, mode):
 
 
 @hopper
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_cuda_fp8_scale_signs(d):
+    # The scores' factor is softmax_scale x q_descale x k_descale, per (batch, kv head),
+    # whatever its sign: where it is positive the kernels fold it into the exp2s, elsewhere
+    # (negative, zero) they scale the scores first; at D = 256 the two are separate copies
+    # of the key loop, picked per tile.  One call mixes all three signs across its tiles.
+    q8, k8, v8, qd, kd, vd = fp8_inputs(2, 300, 517, 8, 2, d, "head")
+    qd = qd * torch.tensor([[1.0, -1.0], [0.0, 1.0]], device="cuda")
+    for kw in (dict(), dict(causal=True), dict(softmax_scale=-0.05)):
+        out, lse = _run(q8, k8, v8, qd, kd, vd, **kw)
+        check_fp8(out, lse, q8, k8, v8, (qd, kd, vd), **kw)
+
+
+@hopper
 def test_cuda_fp8_descale_forms_agree():
     # One scale as (), (1,), (B, Hk) expanded (zero strides) and (B, Hk) with a layout of its
     # own (a transposed view) give bitwise the same result; descales are applied, not ignored.

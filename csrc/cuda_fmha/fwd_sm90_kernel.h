@@ -140,6 +140,12 @@ struct FwdSm90Traits {
   // the spills 1.01-1.06x under a causal mask, level without (one H100).  Elsewhere level
   // (16-bit) or 1-6% slower (fp8 at D = 64 and 128), so they stay hoisted.
   static constexpr bool kQDescPerBlock = kFp8 && kHeadDim == 256;
+  // fp8's scale (softmax scale x q_descale x k_descale, read per tile) folded into the exp2s
+  // in a copy of the key loop for tiles where it is positive, the other copy scaling the
+  // scores first: no branch on it inside the loop, which ptxas otherwise keeps, cutting the
+  // softmax off from the wait for P V.  D = 256: 1.01-1.04x from S = 1k, level at 512 (one
+  // H100); folding unconditionally moved the wait at D = 128 too, which ran 0.96-1.00x.
+  static constexpr bool kFoldPerTile = kFp8 && kHeadDim == 256 && !kScoreMod;
   // The key loop in runs by mask: the blocks every row of the tile sees whole run in a loop
   // of their own, with no branch on the mask (nor, in the plain 16-bit instances, on folding
   // the scale), so that ptxas schedules the row maxima and the first exp2s ahead of the wait
@@ -261,6 +267,25 @@ __device__ __forceinline__ void load_pages(typename K::T* tile, const CUtensorMa
   }
 }
 #endif
+
+// The scores' rule for a tile: kFold < 0 the instance's own (the plain 16-bit instances fold
+// the scale into the exp2s unconditionally, the dispatch sending a scale <= 0 to the
+// score-mod instance; fp8 tests it at run time, its descales being on the device); 1 folded,
+// 0 applied to the scores (K::kFoldPerTile picks one per tile).
+template <class K, int kFold>
+__device__ __forceinline__ ScoreMod fwd_score(const fmha_problem& pr, const MaskGeometry& geom, int b, int h,
+                                              float qk_descale) {
+  if constexpr (kFold < 0) {
+    return ScoreMod::make<K::kScoreMod, K::kMaskRuns && !K::kScoreMod && !K::kFp8>(pr, geom, b, h, qk_descale);
+  } else {
+    ScoreMod s = ScoreMod::make<false, kFold == 1>(pr, geom, b, h, qk_descale);
+    if constexpr (kFold == 0) {
+      s.fold_scale = false;
+      s.post_scale = 1.f;
+    }
+    return s;
+  }
+}
 
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
@@ -432,141 +457,150 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
     if (n_blocks > 0) {
       const float qk_descale = K::kFp8 ? descale_at(p.q_descale, b, w.hk) * descale_at(p.k_descale, b, w.hk) : 1.f;
-      // The plain 16-bit instances fold the scale into the exp2s unconditionally (the dispatch
-      // sends a scale <= 0 to the score-mod instance), so no branch on it splits the loop.
-      const ScoreMod score =
-          ScoreMod::make<K::kScoreMod, K::kMaskRuns && !K::kScoreMod && !K::kFp8>(pr, w.geom, b, h, qk_descale);
+      // The key blocks, with the score rule kFold (fwd_score): the tile's scale decides which
+      // copy runs where kFoldPerTile, so that neither has a branch on it inside the loop.
+      auto key_blocks = [&](auto kFold) {
+        const ScoreMod score = fwd_score<K, decltype(kFold)::value>(pr, w.geom, b, h, qk_descale);
 
-      float acc_s[1][kNT][4];
-      uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
-      float rescale[2] = {1.f, 1.f};
+        float acc_s[1][kNT][4];
+        uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
+        float rescale[2] = {1.f, 1.f};
 
-      auto issue_qk = [&](int i) {  // S = Q K_i^T
-        const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
-        uint32_t q_lo = (uint32_t)desc_q.base;
-        if constexpr (K::kQDescPerBlock) asm volatile("" : "+r"(q_lo));
-        fence_operand(acc_s[0]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
-          Wgmma<T, kBlockN>::template ss<0, 0>(
-              acc_s[0], K::kQDescPerBlock ? desc_q.k_desc(q_lo, kk) : desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
-        wgmma_commit();
-        fence_operand(acc_s[0]);
-      };
-      auto issue_pv = [&](int i) {  // O += P V_i
-        const T* tile_v = sV + ((it + i) % kStages) * TileV::kElems;
-        fence_operand(acc_o);
-        wgmma_fence();
-        if constexpr (K::kFp8) {
-          const KMajorDesc<TileV> desc_v(tile_v, 0);  // V^T
-#pragma unroll
-          for (int kk = 0; kk < K::kKSteps; ++kk)
-            Wgmma<T, kHeadDim>::template rs<0>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
-        } else {
-          const MnMajorDesc<TileV> desc_v(tile_v);
-#pragma unroll
-          for (int kk = 0; kk < K::kKSteps; ++kk)
-            Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
-        }
-        wgmma_commit();
-        fence_operand(acc_o);
-      };
-      auto release = [&](uint64_t* empty, int i) {
-        if (tid_wg == 0) mbar_arrive(empty + (it + i) % kStages);
-      };
-      // The last product that reads Q is done: unless O goes through the Q buffer, the
-      // producer may bring the next tile's.
-      auto release_q = [&] {
-        if (K::kReleaseQEarly && tid_wg == 0) mbar_arrive(empty_q + q_part);
-      };
-      auto wait_full = [&](uint64_t* full, int i) { mbar_wait(full + (it + i) % kStages, ((it + i) / kStages) & 1); };
+        auto issue_qk = [&](int i) {  // S = Q K_i^T
+          const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
+          uint32_t q_lo = (uint32_t)desc_q.base;
+          if constexpr (K::kQDescPerBlock) asm volatile("" : "+r"(q_lo));
+          fence_operand(acc_s[0]);
+          wgmma_fence();
+  #pragma unroll
+          for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
+            Wgmma<T, kBlockN>::template ss<0, 0>(
+                acc_s[0], K::kQDescPerBlock ? desc_q.k_desc(q_lo, kk) : desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
+          wgmma_commit();
+          fence_operand(acc_s[0]);
+        };
+        auto issue_pv = [&](int i) {  // O += P V_i
+          const T* tile_v = sV + ((it + i) % kStages) * TileV::kElems;
+          fence_operand(acc_o);
+          wgmma_fence();
+          if constexpr (K::kFp8) {
+            const KMajorDesc<TileV> desc_v(tile_v, 0);  // V^T
+  #pragma unroll
+            for (int kk = 0; kk < K::kKSteps; ++kk)
+              Wgmma<T, kHeadDim>::template rs<0>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+          } else {
+            const MnMajorDesc<TileV> desc_v(tile_v);
+  #pragma unroll
+            for (int kk = 0; kk < K::kKSteps; ++kk)
+              Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
+          }
+          wgmma_commit();
+          fence_operand(acc_o);
+        };
+        auto release = [&](uint64_t* empty, int i) {
+          if (tid_wg == 0) mbar_arrive(empty + (it + i) % kStages);
+        };
+        // The last product that reads Q is done: unless O goes through the Q buffer, the
+        // producer may bring the next tile's.
+        auto release_q = [&] {
+          if (K::kReleaseQEarly && tid_wg == 0) mbar_arrive(empty_q + q_part);
+        };
+        auto wait_full = [&](uint64_t* full, int i) { mbar_wait(full + (it + i) % kStages, ((it + i) / kStages) & 1); };
 
-      // Scores of block i, the new row maxima, rescale[] for O, and P = exp2(S - max) in
-      // acc_s (Algorithm 1, lines 9-11).
-      auto needs_mask = [&](int i) { return score.needs_mask(wm0, wm1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
-      auto softmax = [&](int i, bool mask) {
-        score.apply(acc_s, row0, 16, (w.n_end - 1 - i) * kBlockN, lane, mask);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float ref;
-          rescale[r] = stats[r].update(quad_max(row_max<true>(acc_s[0], r)) * score.post_scale, ref);
-          stats[r].add(rescale[r], exp2_row<K::kTreeSum ? RowSum::kTree : RowSum::kParity>(acc_s[0], r,
-                                                                                           score.post_scale, ref));
-        }
-      };
-      auto rescale_o = [&] {
-        mul_row(acc_o, 0, rescale[0]);
-        mul_row(acc_o, 1, rescale[1]);
-      };
-      auto pack_p = [&] {
-        if constexpr (K::kFp8)
-          acc_to_a8(a_p, acc_s);
-        else
-          acc_to_a<T>(a_p, acc_s);
-      };
+        // Scores of block i, the new row maxima, rescale[] for O, and P = exp2(S - max) in
+        // acc_s (Algorithm 1, lines 9-11).
+        auto needs_mask = [&](int i) { return score.needs_mask(wm0, wm1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
+        auto softmax = [&](int i, bool mask) {
+          score.apply(acc_s, row0, 16, (w.n_end - 1 - i) * kBlockN, lane, mask);
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float ref;
+            rescale[r] = stats[r].update(quad_max(row_max<true>(acc_s[0], r)) * score.post_scale, ref);
+            stats[r].add(rescale[r], exp2_row<K::kTreeSum ? RowSum::kTree : RowSum::kParity>(acc_s[0], r,
+                                                                                             score.post_scale, ref));
+          }
+        };
+        auto rescale_o = [&] {
+          mul_row(acc_o, 0, rescale[0]);
+          mul_row(acc_o, 1, rescale[1]);
+        };
+        auto pack_p = [&] {
+          if constexpr (K::kFp8)
+            acc_to_a8(a_p, acc_s);
+          else
+            acc_to_a<T>(a_p, acc_s);
+        };
 
-      wait_full(full_k, 0);
-      turn_wait();
-      issue_qk(0);
-      turn_pass();
-      wgmma_wait<0>();
-      fence_operand(acc_s[0]);
-      release(empty_k, 0);
-      if (n_blocks == 1) release_q();
-      softmax(0, needs_mask(0));
-      pack_p();
-
-      // Block i of the loops below: `mask` a bool, or (kMaskRuns) a constant in each of three
-      // loops, so that the blocks that need no mask run without a branch that would cut the
-      // softmax off from the wait for P V in ptxas's schedule.
-      auto step = [&](int i, auto mask) {
-        wait_full(full_k, i);
+        wait_full(full_k, 0);
         turn_wait();
-        issue_qk(i);
-        if constexpr (!K::kRescaleLate) rescale_o();  // by block i - 1's maxima, before its P V joins O
-        wait_full(full_v, i - 1);
-        issue_pv(i - 1);
+        issue_qk(0);
         turn_pass();
-        wgmma_wait<1>();  // S_i is in; P_{i-1} V_{i-1} may still run
+        wgmma_wait<0>();
         fence_operand(acc_s[0]);
-        release(empty_k, i);
-        if (i == n_blocks - 1) release_q();
-        if constexpr (std::is_same_v<decltype(mask), bool>)
-          softmax(i, mask);
-        else
-          softmax(i, decltype(mask)::value);
+        release(empty_k, 0);
+        if (n_blocks == 1) release_q();
+        softmax(0, needs_mask(0));
+        pack_p();
+
+        // Block i of the loops below: `mask` a bool, or (kMaskRuns) a constant in each of three
+        // loops, so that the blocks that need no mask run without a branch that would cut the
+        // softmax off from the wait for P V in ptxas's schedule.
+        auto step = [&](int i, auto mask) {
+          wait_full(full_k, i);
+          turn_wait();
+          issue_qk(i);
+          if constexpr (!K::kRescaleLate) rescale_o();  // by block i - 1's maxima, before its P V joins O
+          wait_full(full_v, i - 1);
+          issue_pv(i - 1);
+          turn_pass();
+          wgmma_wait<1>();  // S_i is in; P_{i-1} V_{i-1} may still run
+          fence_operand(acc_s[0]);
+          release(empty_k, i);
+          if (i == n_blocks - 1) release_q();
+          if constexpr (std::is_same_v<decltype(mask), bool>)
+            softmax(i, mask);
+          else
+            softmax(i, decltype(mask)::value);
+          wgmma_wait<0>();
+          fence_operand(acc_o);
+          release(empty_v, i - 1);
+          pack_p();
+          if constexpr (K::kRescaleLate) rescale_o();  // O, P_{i-1} V_{i-1} in, to block i's maxima
+        };
+        // Blocks that need the mask come first (the diagonal, the end of the keys) and last (a
+        // window's left edge): a row's visible keys are one interval, so the blocks every row of
+        // the tile sees whole are one run between them.  Decided for the CTA's rows, not this
+        // warpgroup's: the bounds then derive from warp-uniform values only, and so do the
+        // wgmma descriptors indexed by i (per-warpgroup bounds put them in vector registers).
+        if constexpr (K::kMaskRuns) {
+          auto tile_needs_mask = [&](int i) { return score.needs_mask(m0, m1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
+          int i_end = n_blocks;
+          while (i_end > 1 && tile_needs_mask(i_end - 1)) --i_end;
+          int i = 1;
+          for (; i < i_end && tile_needs_mask(i); ++i) step(i, std::true_type{});
+          for (; i < i_end; ++i) step(i, std::false_type{});
+          for (; i < n_blocks; ++i) step(i, std::true_type{});
+        } else {
+          for (int i = 1; i < n_blocks; ++i) step(i, needs_mask(i));
+        }
+
+        if constexpr (!K::kRescaleLate) rescale_o();
+        wait_full(full_v, n_blocks - 1);
+        turn_wait();
+        issue_pv(n_blocks - 1);
+        turn_pass();
         wgmma_wait<0>();
         fence_operand(acc_o);
-        release(empty_v, i - 1);
-        pack_p();
-        if constexpr (K::kRescaleLate) rescale_o();  // O, P_{i-1} V_{i-1} in, to block i's maxima
+        release(empty_v, n_blocks - 1);
       };
-      // Blocks that need the mask come first (the diagonal, the end of the keys) and last (a
-      // window's left edge): a row's visible keys are one interval, so the blocks every row of
-      // the tile sees whole are one run between them.  Decided for the CTA's rows, not this
-      // warpgroup's: the bounds then derive from warp-uniform values only, and so do the
-      // wgmma descriptors indexed by i (per-warpgroup bounds put them in vector registers).
-      if constexpr (K::kMaskRuns) {
-        auto tile_needs_mask = [&](int i) { return score.needs_mask(m0, m1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
-        int i_end = n_blocks;
-        while (i_end > 1 && tile_needs_mask(i_end - 1)) --i_end;
-        int i = 1;
-        for (; i < i_end && tile_needs_mask(i); ++i) step(i, std::true_type{});
-        for (; i < i_end; ++i) step(i, std::false_type{});
-        for (; i < n_blocks; ++i) step(i, std::true_type{});
+      if constexpr (K::kFoldPerTile) {
+        if (pr.scale * qk_descale > 0.f)
+          key_blocks(std::integral_constant<int, 1>{});
+        else
+          key_blocks(std::integral_constant<int, 0>{});
       } else {
-        for (int i = 1; i < n_blocks; ++i) step(i, needs_mask(i));
+        key_blocks(std::integral_constant<int, -1>{});
       }
-
-      if constexpr (!K::kRescaleLate) rescale_o();
-      wait_full(full_v, n_blocks - 1);
-      turn_wait();
-      issue_pv(n_blocks - 1);
-      turn_pass();
-      wgmma_wait<0>();
-      fence_operand(acc_o);
-      release(empty_v, n_blocks - 1);
     } else if (K::kReleaseQEarly && tid_wg == 0) {
       mbar_arrive(empty_q + q_part);  // no key: Q is not read
     }
