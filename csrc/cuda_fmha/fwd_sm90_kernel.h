@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           if constexpr (K::kQDescPerBlock) asm volatile("" : "+r"(q_lo));
           fence_operand(acc_s[0]);
           wgmma_fence();
-  #pragma unroll
+#pragma unroll
           for (int kk = 0; kk < kHeadDim * (int)sizeof(T) / 32; ++kk)
             Wgmma<T, kBlockN>::template ss<0, 0>(
                 acc_s[0], K::kQDescPerBlock ? desc_q.k_desc(q_lo, kk) : desc_q.k_desc(kk), desc_k.k_desc(kk), kk > 0);
@@ -485,12 +485,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           wgmma_fence();
           if constexpr (K::kFp8) {
             const KMajorDesc<TileV> desc_v(tile_v, 0);  // V^T
-  #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < K::kKSteps; ++kk)
               Wgmma<T, kHeadDim>::template rs<0>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
           } else {
             const MnMajorDesc<TileV> desc_v(tile_v);
-  #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < K::kKSteps; ++kk)
               Wgmma<T, kHeadDim>::template rs<1>(acc_o, a_p[0][kk], desc_v.k_desc(kk), 1);
           }
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         auto needs_mask = [&](int i) { return score.needs_mask(wm0, wm1, (w.n_end - 1 - i) * kBlockN, kBlockN); };
         auto softmax = [&](int i, bool mask) {
           score.apply(acc_s, row0, 16, (w.n_end - 1 - i) * kBlockN, lane, mask);
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) {
             float ref;
             rescale[r] = stats[r].update(quad_max(row_max<true>(acc_s[0], r)) * score.post_scale, ref);
