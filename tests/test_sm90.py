@@ -144,6 +144,32 @@ def test_cuda_sm90_long_tiles_window():
     assert_close(lse, ref_lse, 1e-4, "lse")
 
 
+# Row maxima that rise from key block to key block (kLazyRescale, fwd_sm90_kernel.h): O and l
+# are rescaled only where a block's maximum passes the running one by more than 8 in log2
+# units, and P stays below 2^8 meanwhile.  Scores fall by `step` per key and the kernel walks
+# the blocks from the last key to the first, so each block's maximum is the highest yet:
+# by 2.56 a 128-key block at 0.02 (3.7 in log2 units: the maximum moves every third block
+# or so) and by 12.8 at 0.1 (every block).  One shared direction of q and k sets the step;
+# the reference sees the same rounded inputs.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("step", [0.02, 0.1], ids=["slow", "fast"])
+def test_cuda_sm90_forward_rising_maxima(step, d, dtype):
+    sk = 1000
+    q = torch.randn(2, 300, 4, d, device="cuda", dtype=dtype) * 0.1
+    k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype) * 0.1
+    v = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
+    q[..., 0] = 1.0
+    k[..., 0] = (step * torch.arange(sk - 1, -1, -1, device="cuda", dtype=torch.float32)).to(dtype)[None, :, None]
+    with poisoned_outputs():
+        (out, lse), names = kernels_launched(
+            lambda: fmha.flash_attn_func(q, k, v, softmax_scale=1.0, return_attn_probs=True)[:2])
+    assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
+    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), softmax_scale=1.0)
+    assert_close(out, ref_out, OUT_TOL[dtype], "out")
+    assert_close(lse, ref_lse, 1e-4, "lse")
+
+
 # ---------------------------------------------------------------- backward
 
 

@@ -79,6 +79,16 @@ struct SoftmaxRow {
     max = mx;
     return rescale;
   }
+  // As update, but max stays put while the block's maximum exceeds it by `slack` or less
+  // (log2 units; FlashAttention-4's conditional rescaling): the block's exp2(s - max) are then
+  // below 2^slack, and the factor is exactly 1, so that O and l need no rescale.
+  FMHA_HOST_DEVICE float update_lazy(float block_max, float slack, float& ref) {
+    const float mx = block_max <= max + slack ? max : block_max;
+    const float rescale = softmax_rescale(max, mx);
+    ref = softmax_ref_max(mx);
+    max = mx;
+    return rescale;
+  }
   // l = l * rescale + the block's sum of exp2(s - m).
   FMHA_HOST_DEVICE void add(float rescale, float block_sum) { sum = sum * rescale + block_sum; }
 };

@@ -89,6 +89,10 @@ struct FwdSm90Traits {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr bool kPingPong = kPingPong_;
   static_assert(!kPingPong || kConsumers >= 2, "turns take two consumers or more");
+  // Tiles per unit of the tile order without a mask (tile_order.h): single tiles at 16-bit
+  // D = 96 and 256, 1.03-1.07x and 1.00-1.10x non-causal against pairs; pairs elsewhere,
+  // where single tiles ran 0.98-1.04x (D = 64, 128, 192 and fp8; one H100, docs/tuning.md).
+  static constexpr int kUnmaskedUnit = !kFp8 && (kHeadDim == 96 || kHeadDim == 256) ? 1 : 2;
   // Shared memory: Q | K ring | V ring | [O] | mbarriers; every tile starts on a 1024-byte
   // line, the period of the 128-byte swizzle.
   static constexpr int kOffK = TileQ::kBytes;
@@ -129,6 +133,16 @@ struct FwdSm90Traits {
   // points by -3 to +5% with no head dim ahead throughout (tools/tune/tune_sm90.cu,
   // docs/tuning.md), so two keep it early.
   static constexpr bool kRescaleLate = kConsumers == 3;
+  // O's rescale skipped in a block where no row of the warp moved its maximum, the maxima
+  // moving only when a block's exceeds them by more than kRescaleSlack (log2 units; P stays
+  // below 2^8; FlashAttention-4's conditional rescaling).  Where the rescale sits inside the
+  // consumer's turn (two consumers), at 16 bits: D = 128 1.01-1.06x, D = 96-256 0.98-1.08x,
+  // D = 64's 128-row tiles 1.01-1.06x (one H100).  Not with three consumers, whose late
+  // rescale is outside the turns (0.98-1.02x), nor at fp8: a row's largest P, an exact 1
+  // where the maximum moves, would be rounded to e4m3 (by up to 2^-4) while l sums it
+  // unrounded, and test_fp8's error bound failed (docs/tuning.md).
+  static constexpr bool kLazyRescale = !kFp8 && !kRescaleLate;
+  static constexpr float kRescaleSlack = 8.f;
   // Roles from a warp-uniform warpgroup index (warpgroup_index, tile/sm90.h), as the backward
   // takes them: the wgmma descriptors then stay in uniform registers instead of being copied
   // there (R2UR) before every wgmma.  bf16/fp16 at D = 64 only: R2URs 51 -> 38, no new spills,
@@ -298,7 +312,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
-  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch);
+  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch,
+                        tile_order_unit(pr, K::kUnmaskedUnit));
   const int group = pr.num_heads_q / pr.num_heads_k;
 
   extern __shared__ char smem_raw[];
@@ -465,6 +480,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         float acc_s[1][kNT][4];
         uint32_t a_p[1][K::kKSteps][4];  // P as wgmma A fragments
         float rescale[2] = {1.f, 1.f};
+        bool o_rescale = true;  // kLazyRescale: a row of this warp moved its maximum
 
         auto issue_qk = [&](int i) {  // S = Q K_i^T
           const KMajorDesc<TileKV> desc_k(sK + ((it + i) % kStages) * TileKV::kElems, 0);
@@ -515,14 +531,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             float ref;
-            rescale[r] = stats[r].update(quad_max(row_max<true>(acc_s[0], r)) * score.post_scale, ref);
+            const float block_max = quad_max(row_max<true>(acc_s[0], r)) * score.post_scale;
+            rescale[r] = K::kLazyRescale ? stats[r].update_lazy(block_max, K::kRescaleSlack, ref)
+                                         : stats[r].update(block_max, ref);
             stats[r].add(rescale[r], exp2_row<K::kTreeSum ? RowSum::kTree : RowSum::kParity>(acc_s[0], r,
                                                                                              score.post_scale, ref));
           }
+          if constexpr (K::kLazyRescale) o_rescale = __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f);
         };
         auto rescale_o = [&] {
-          mul_row(acc_o, 0, rescale[0]);
-          mul_row(acc_o, 1, rescale[1]);
+          if (!K::kLazyRescale || o_rescale) {
+            mul_row(acc_o, 0, rescale[0]);
+            mul_row(acc_o, 1, rescale[1]);
+          }
         };
         auto pack_p = [&] {
           if constexpr (K::kFp8)
@@ -727,7 +748,7 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
   if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM / K::kQParts) || !encode_kv(&maps.k, p.k) || !encode_v(&maps.v))
     return false;
   const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
-                                       device_sm_count());
+                                       tile_order_unit(pr, K::kUnmaskedUnit), device_sm_count());
   if (ctas == 0) return true;
   const dim3 grid((unsigned)ctas);
   auto kernel = fwd_sm90_kernel<K>;

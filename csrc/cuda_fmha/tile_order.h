@@ -1,10 +1,10 @@
 // The order in which the persistent sm_90a forward (fwd_sm90_kernel.h) takes its tiles.
 // Tiles t = 0 .. blocks * heads * batch - 1 run sequence by sequence, head by head, and
 // within a head from the outside in (query blocks last, first, second-to-last, second, ...),
-// so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes pairs
-// u = c, c + gridDim.x, ...  Fixed-length problems launch one CTA per multiprocessor, so
-// that a CTA's next tile starts loading while its last one finishes; varlen ones, whose
-// tiles differ, one CTA per pair (tile_order_ctas).  (The backward keeps one CTA per tile:
+// so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes units
+// u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit).  Fixed-length
+// problems launch one CTA per multiprocessor, so that a CTA's next tile starts loading while
+// its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).  (The backward keeps one CTA per tile:
 // a persistent backward measured slower, docs/tuning.md.)
 #pragma once
 
@@ -13,24 +13,33 @@
 #include <algorithm>
 
 #include "../common/macros.h"
+#include "fmha/fmha.h"
 
 namespace fmha {
 namespace cuda {
 
+// Tiles a CTA takes as one unit: a pair from both ends of a head where a mask makes their
+// costs differ, and with varlen, which launches one CTA per unit; otherwise the kernel's
+// choice, `unmasked` (FwdSm90Traits::kUnmaskedUnit: one tile, so that the CTAs' current
+// tiles span half as many heads, or two).
+FMHA_HOST_DEVICE int tile_order_unit(const fmha_problem& pr, int unmasked) {
+  return pr.window_left >= 0 || pr.window_right >= 0 || pr.cu_seqlens_q != nullptr ? 2 : unmasked;
+}
+
 struct TileOrder {
   int64_t tiles;
-  int blocks, heads;
-  FMHA_HOST_DEVICE TileOrder(int blocks_, int heads_, int batch)
-      : tiles((int64_t)blocks_ * heads_ * batch), blocks(blocks_), heads(heads_) {}
+  int blocks, heads, unit;
+  FMHA_HOST_DEVICE TileOrder(int blocks_, int heads_, int batch, int unit_)
+      : tiles((int64_t)blocks_ * heads_ * batch), blocks(blocks_), heads(heads_), unit(unit_) {}
   // Calls f(block, head, b) for each tile of CTA `cta` of `ctas` (blockIdx.x, gridDim.x), in
-  // order.  Tile t sits at (p, h, b) with t = p + blocks * (h + heads * b); from one pair to
-  // the CTA's next, t grows by 2 * ctas, which this counter adds digit by digit with carries
-  // (the step's digits divided out once per CTA, in 32 bits: 2 * ctas < 2^32).  Per tile
+  // order.  Tile t sits at (p, h, b) with t = p + blocks * (h + heads * b); from one unit to
+  // the CTA's next, t grows by unit * ctas, which this counter adds digit by digit with carries
+  // (the step's digits divided out once per CTA, in 32 bits: unit * ctas < 2^32).  Per tile
   // there is no division; with two 64-bit divisions of t per tile, clock64 stamps on an
   // H200 measured about 1,300 cycles between one tile's end and the next one's start.
   template <class F>
   FMHA_HOST_DEVICE void for_each(uint32_t cta, uint32_t ctas, F&& f) const {
-    const uint32_t step = 2u * ctas, t0 = 2u * cta, nb = blocks, nh = heads;
+    const uint32_t step = (uint32_t)unit * ctas, t0 = (uint32_t)unit * cta, nb = blocks, nh = heads;
     if (t0 >= tiles) return;
     const int step_p = (int)(step % nb), step_h = (int)(step / nb % nh);
     const int64_t step_b = step / nb / nh;
@@ -43,7 +52,7 @@ struct TileOrder {
 #if FMHA_DEVICE_CODE
 #pragma unroll 1  // f's body once in the code
 #endif
-      for (int64_t tt = t; tt < t + 2 && tt < tiles; ++tt) {  // the pair: t, then one further
+      for (int64_t tt = t; tt < t + unit && tt < tiles; ++tt) {  // the unit: t, and t + 1 in a pair
         f(block(pp), hh, (int)bb);
         if (++pp == blocks) {
           pp = 0;
@@ -62,9 +71,9 @@ struct TileOrder {
 };
 
 // CTAs to launch for blocks x heads x batch tiles (0: nothing to do).
-inline int64_t tile_order_ctas(int64_t blocks, int64_t heads, int64_t batch, bool varlen, int sm_count) {
-  const int64_t pairs = (blocks * heads * batch + 1) / 2;
-  return std::min<int64_t>(varlen ? pairs : std::min<int64_t>(pairs, sm_count), INT32_MAX);
+inline int64_t tile_order_ctas(int64_t blocks, int64_t heads, int64_t batch, bool varlen, int unit, int sm_count) {
+  const int64_t units = (blocks * heads * batch + unit - 1) / unit;
+  return std::min<int64_t>(varlen ? units : std::min<int64_t>(units, sm_count), INT32_MAX);
 }
 
 }  // namespace cuda

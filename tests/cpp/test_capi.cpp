@@ -532,37 +532,53 @@ void test_mask_row_interval() {
 }
 
 // The persistent sm_90a forward's tile order (csrc/cuda_fmha/tile_order.h): CTA c of G takes
-// the pairs of tiles u = c, c + G, ... (tiles 2u and 2u + 1, t = p + blocks * (h + heads * b),
-// query block p from the outside in), walked by a counter without divisions.  Against that
-// definition written with divisions, and every tile exactly once over the CTAs.
+// the units of tiles u = c, c + G, ... (pairs, tiles 2u and 2u + 1, or single tiles u;
+// t = p + blocks * (h + heads * b), query block p from the outside in), walked by a counter
+// without divisions.  Against that definition written with divisions, and every tile
+// exactly once over the CTAs; and pairs wherever a mask or varlen needs them.
 void test_tile_order() {
   int grids = 0;
   for (int blocks : {1, 2, 3, 11, 16, 22})
     for (int heads : {1, 3, 32})
       for (int batch : {1, 2, 5})
-        for (uint32_t ctas : {1u, 7u, 132u, 1000u}) {
-          const fmha::cuda::TileOrder order(blocks, heads, batch);
-          std::vector<int> seen((size_t)blocks * heads * batch, 0);
-          for (uint32_t c = 0; c < ctas; ++c) {
-            std::vector<int64_t> got, want;
-            order.for_each(c, ctas, [&](int m, int h, int b) {
-              got.push_back(((int64_t)b * heads + h) * blocks + m);
-            });
-            for (int64_t u = c; 2 * u < order.tiles; u += ctas)
-              for (int64_t t = 2 * u; t < 2 * u + 2 && t < order.tiles; ++t) {
-                const int p = (int)(t % blocks);
-                want.push_back(t - p + (p % 2 == 0 ? blocks - 1 - p / 2 : p / 2));
-              }
-            EXPECT(got == want, "blocks=%d heads=%d batch=%d, CTA %u of %u: %zu tiles, %zu expected", blocks, heads,
-                   batch, c, ctas, got.size(), want.size());
-            for (int64_t t : got)
-              if (t >= 0 && t < (int64_t)seen.size()) ++seen[t];
+        for (uint32_t ctas : {1u, 7u, 132u, 1000u})
+          for (int unit : {1, 2}) {
+            const fmha::cuda::TileOrder order(blocks, heads, batch, unit);
+            std::vector<int> seen((size_t)blocks * heads * batch, 0);
+            for (uint32_t c = 0; c < ctas; ++c) {
+              std::vector<int64_t> got, want;
+              order.for_each(c, ctas, [&](int m, int h, int b) {
+                got.push_back(((int64_t)b * heads + h) * blocks + m);
+              });
+              for (int64_t u = c; unit * u < order.tiles; u += ctas)
+                for (int64_t t = unit * u; t < unit * u + unit && t < order.tiles; ++t) {
+                  const int p = (int)(t % blocks);
+                  want.push_back(t - p + (p % 2 == 0 ? blocks - 1 - p / 2 : p / 2));
+                }
+              EXPECT(got == want, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: %zu tiles, %zu expected", blocks,
+                     heads, batch, unit, c, ctas, got.size(), want.size());
+              for (int64_t t : got)
+                if (t >= 0 && t < (int64_t)seen.size()) ++seen[t];
+            }
+            EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }),
+                   "blocks=%d heads=%d batch=%d unit=%d over %u CTAs: not every tile once", blocks, heads, batch, unit,
+                   ctas);
+            ++grids;
           }
-          EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }),
-                 "blocks=%d heads=%d batch=%d over %u CTAs: not every tile once", blocks, heads, batch, ctas);
-          ++grids;
-        }
-  EXPECT(grids == 216, "%d grids", grids);
+  EXPECT(grids == 432, "%d grids", grids);
+  fmha_problem pr{};
+  pr.window_left = pr.window_right = -1;
+  EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 1 && fmha::cuda::tile_order_unit(pr, 2) == 2, "unmasked: the kernel's unit");
+  int32_t cu[2] = {0, 1};
+  for (int w : {0, 1}) {
+    pr.window_right = w == 0 ? 0 : -1;  // causal, or a left window
+    pr.window_left = w == 0 ? -1 : 4;
+    EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 2, "masked (window %d, %d): pairs", pr.window_left, pr.window_right);
+  }
+  pr.window_left = pr.window_right = -1;
+  pr.cu_seqlens_q = cu;
+  EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 2, "varlen: pairs");
+  pr.cu_seqlens_q = nullptr;
 }
 
 int main() {
