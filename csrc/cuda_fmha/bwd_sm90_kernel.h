@@ -43,6 +43,7 @@
 #include "scores.h"
 #include "tile/mma.h"
 #include "tile/sm90.h"
+#include "tile_order.h"
 
 namespace fmha {
 namespace cuda {
@@ -148,7 +149,7 @@ template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ fmha_bwd_params p, const __grid_constant__ BwdSm90Maps maps,
                     float* dq_accum, const float* stats, float* dkv_part, int splits, int* dq_locks,
-                    int lock_blocks) {
+                    int lock_blocks, int order_units) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename K::T;
   using TileQ = typename K::TileQ;
@@ -160,10 +161,17 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kDqThreads = 128 * K::kConsumers + 32;  // the consumers and the dQ warp
 
   const fmha_problem& pr = p.problem;
-  // blockIdx.y: KV head hk and, with the GQA group split over `splits` CTAs (dkv_part),
-  // which share of its query heads this CTA walks.  Deterministic: key blocks last first.
-  const int n_block = dq_locks != nullptr ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int hk = blockIdx.y / splits, split = blockIdx.y % splits, b = blockIdx.z;
+  // Unit y = hk * splits + split, b: KV head hk and, with the GQA group split over `splits`
+  // CTAs (dkv_part), which share of its query heads this CTA walks.  Deterministic: the
+  // grid's order with key blocks last first (a CTA waits for the key blocks above its own).
+  int n_block = gridDim.x - 1 - blockIdx.x, y = blockIdx.y, b = blockIdx.z;
+  if (dq_locks == nullptr) {
+    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int unit;
+    bwd_block_order(linear, gridDim.x, gridDim.y * gridDim.z, order_units, n_block, unit);
+    y = unit % gridDim.y, b = unit / gridDim.y;
+  }
+  const int hk = y / splits, split = y % splits;
   const Sequence seq = Sequence::get(pr, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= seq.k_rows) return;
@@ -645,7 +653,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 namespace fmha {
 namespace cuda {
 
-// Returns false, launching nothing, when the copy engine cannot describe the tensors or the
+// The CTAs launch in bwd_block_order (tile_order.h) outside deterministic mode.  Returns
+// false, launching nothing, when the copy engine cannot describe the tensors or the
 // dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
 // stats: the padded statistics (sequence.h), 16-byte aligned.  splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
 // the room for their fp32 shares of dK and dV (bwd_sm90_dkv_part_bytes).  dq_locks (zeros,
@@ -676,7 +685,8 @@ bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* stats,
   auto kernel = bwd_sm90_kernel<K>;
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, stats, splits > 1 ? dkv_part : nullptr,
-                                                        splits, dq_locks, lock_blocks);
+                                                        splits, dq_locks, lock_blocks,
+                                                        bwd_order_units(pr, n_blocks, device_sm_count()));
   check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
   if (splits > 1) {
     const int64_t rows = varlen ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;

@@ -4,8 +4,9 @@
 // so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes units
 // u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit).  Fixed-length
 // problems launch one CTA per multiprocessor, so that a CTA's next tile starts loading while
-// its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).  (The backward keeps one CTA per tile:
-// a persistent backward measured slower, docs/tuning.md.)
+// its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).
+// The sm_90a backward keeps one CTA per key block (a persistent backward measured slower,
+// docs/tuning.md) and orders its launch (bwd_block_order, below).
 #pragma once
 
 #include <stdint.h>
@@ -74,6 +75,33 @@ struct TileOrder {
 inline int64_t tile_order_ctas(int64_t blocks, int64_t heads, int64_t batch, bool varlen, int unit, int sm_count) {
   const int64_t units = (blocks * heads * batch + unit - 1) / unit;
   return std::min<int64_t>(varlen ? units : std::min<int64_t>(units, sm_count), INT32_MAX);
+}
+
+// The sm_90a backward's launch order outside deterministic mode (which keeps the grid's own,
+// key blocks last first, for its turns): CTA `linear` of the (key blocks, units) grid, units
+// being (batch, KV head, split), takes (n_block, unit) so that units go in groups of
+// `order_units`, and within a group key block 0 of every unit, then key block 1, ...  Under
+// a causal mask a low key block sees the most query blocks, so the longest CTAs start first
+// and the shortest fill the tail, where the grid's order (order_units = 1: each unit's key
+// blocks in turn) ends on a head's longest CTAs.
+FMHA_HOST_DEVICE void bwd_block_order(int linear, int n_blocks, int units, int order_units, int& n_block, int& unit) {
+  const int group = linear / (order_units * n_blocks), in_group = linear % (order_units * n_blocks);
+  const int first = group * order_units, size = units - first < order_units ? units - first : order_units;
+  n_block = in_group / size;
+  unit = first + in_group % size;
+}
+
+// bwd_block_order's group: the grid's order (1) where every key block sees the same query
+// blocks; under a causal or right-bounded window, as many units as make about one wave of
+// CTAs (SMs / key blocks, at most 8), so that the CTAs running together still share Q, dO
+// and the dQ accumulator in L2 (groups of 8 units at every length ran D = 192, S = 16k
+// non-causal at 0.59x).  In a model of the launch (CTAs in order onto the first free SM, a
+// CTA's time its query blocks plus a constant) the groups take the causal tail from 5-7% over
+// the even share to within 2% at S = 1k-8k; kernel alone on one H100 (docs/tuning.md), causal
+// D = 64 and 128 ran 1.02-1.04x with groups of 4 at S = 4k and 1.01-1.02x with 8 at 2k.
+inline int bwd_order_units(const fmha_problem& pr, int n_blocks, int sm_count) {
+  const int wave = n_blocks < sm_count ? sm_count / n_blocks : 1;
+  return pr.window_right >= 0 ? std::min(wave, 8) : 1;
 }
 
 }  // namespace cuda
