@@ -97,8 +97,8 @@ FMHA_HOST_DEVICE void bwd_block_order(int linear, int n_blocks, int units, int o
 // and the dQ accumulator in L2 (groups of 8 units at every length ran D = 192, S = 16k
 // non-causal at 0.59x).  In a model of the launch (tools/tune/bwd_launch_model.py) the groups
 // take the causal tail at D = 128 from 5-7% over the even share to within 2% at S = 2k-8k
-// (4% at 1k, where 8 is the cap); kernel alone on one H100 (docs/tuning.md), causal D = 64
-// and 128 ran 1.02-1.04x with groups of 4 at S = 4k and 1.01-1.02x with 8 at 2k.
+// (4% at 1k, where 8 is the cap); kernel alone on one H100 (docs/tuning.md), this rule
+// against the grid's order ran causal D = 128 1.01-1.05x, D = 64, 192, 256 0.99-1.01x.
 inline int bwd_order_units(const fmha_problem& pr, int n_blocks, int sm_count) {
   const int wave = n_blocks < sm_count ? sm_count / n_blocks : 1;
   return pr.window_right >= 0 ? std::min(wave, 8) : 1;
