@@ -259,6 +259,28 @@ def test_cuda_sm90_backward_varlen_empty_sequences(d):
                              dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
 
 
+# More tiles (key block, KV head, sequence) than twice the SMs, in varlen sequences of mixed
+# lengths: empty ones, key blocks past a short sequence's end, and under a window key blocks
+# that no query block sees, between tiles with work.  A CTA per tile today; the case a
+# backward whose CTAs walk several tiles each must get right.
+_MANY_TILES_MASKS = {"full": {}, "causal": dict(causal=True), "window": dict(causal=True, window_size=(150, 0))}
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", list(_MANY_TILES_MASKS))
+def test_cuda_sm90_backward_many_tiles(mask, d):
+    kw = _MANY_TILES_MASKS[mask]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pattern = [0, 1, 300, 129, 520, 64, 0, 400]
+    blocks = -(-max(pattern) // (64 if d > 128 else 128))
+    lens = pattern * -(-(2 * sms + 1) // (len(pattern) * blocks))
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    q = randn(int(cu[-1]), 2, d, dtype=torch.bfloat16)
+    k, v = (randn(int(cu[-1]), 1, d, dtype=torch.bfloat16) for _ in range(2))
+    _check_sm90_backward(q, k, v, varlen_call(cu, cu, max(lens), max(lens), **kw),
+                         dict(cu_seqlens_q=cu, cu_seqlens_k=cu, **kw))
+
+
 def test_cuda_sm90_backward_long_sequence():
     q, k, v = _qkv(1, 2100, 2100, 2, 1, 128)
     _check_sm90_backward(q, k, v, flash_call(causal=True), dict(causal=True))
