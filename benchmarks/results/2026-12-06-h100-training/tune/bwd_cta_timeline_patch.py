@@ -8,22 +8,9 @@ def sub(old, new, count=1):
     s = s.replace(old, new)
 s = s.replace("namespace fmha {\nnamespace cuda {\n\nstruct BwdSm90Maps", "namespace fmha {\nnamespace cuda {\n__device__ unsigned long long* g_tune_rec;\n\nstruct BwdSm90Maps", 1)
 assert "g_tune_rec" in s
-sub("""#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = typename K::T;
-  using TileQ = typename K::TileQ;
-  using TileK = typename K::TileK;
-  using TileV = typename K::TileV;
-  using TileDS = typename K::TileDS;
-  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
-  constexpr int kNT""", """#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const unsigned long long tc0 = clock64(), tg0 = global_timer_ns();
-  using T = typename K::T;
-  using TileQ = typename K::TileQ;
-  using TileK = typename K::TileK;
-  using TileV = typename K::TileV;
-  using TileDS = typename K::TileDS;
-  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
-  constexpr int kNT""")
+# The entry time right after the kernel's constants (which emit no instructions).
+anchor = "  constexpr int kDqThreads = 128 * K::kConsumers + 32;  // the consumers and the dQ warp\n"
+sub(anchor, anchor + "  const unsigned long long tc0 = clock64(), tg0 = global_timer_ns();\n")
 sub("  if (n_iters > 0) mbar_wait(full_kv, 0);\n", "  if (n_iters > 0) mbar_wait(full_kv, 0);\n  const unsigned long long tc_kv = clock64();\n")
 sub("  // Epilogue: dK = scale", "  const unsigned long long tc_loop = clock64();\n  // Epilogue: dK = scale")
 sub("""    copy_16_if(gdv + r * p.dv.row_stride + c, sdV + TileO::offset(r, c), ok);
