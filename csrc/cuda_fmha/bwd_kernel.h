@@ -19,6 +19,7 @@
 #include "fmha/fmha.h"
 #include "launch.h"
 #include "scores.h"
+#include "tile_order.h"
 #include "tile/mma.h"
 #include "tile/smem.h"
 
@@ -120,7 +121,7 @@ __device__ __forceinline__ void make_ds(float (&p)[MT][NT][4], float (&dp)[MT][N
 
 template <class K>
 __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_accum, const float* delta_ws,
-                                          DqMode dq_mode) {
+                                          DqMode dq_mode, int order_units) {
   using T = typename K::T;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, D = K::kHeadDim;
   using TileQ = typename K::TileQ;
@@ -128,7 +129,13 @@ __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_ac
   using TileP = typename K::TileP;
 
   const fmha_problem& pr = p.problem;
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // CTA (blockIdx.x, unit) of the (key blocks, (KV head, batch)) grid takes its key block and
+  // unit in bwd_block_order (tile_order.h), as the sm_90a backward does: under a causal mask,
+  // groups of units with every unit's longest CTA (key block 0) first.
+  int n_block, unit;
+  bwd_block_order(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
+                  order_units, n_block, unit);
+  const int hk = unit % gridDim.y, b = unit / gridDim.y;
   const Sequence seq = Sequence::get(pr, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= seq.k_rows) return;
@@ -483,11 +490,11 @@ __global__ void __launch_bounds__(K::kThreads) bwd_dq_kernel(const __grid_consta
 
 template <class K>
 __global__ void __launch_bounds__(K::kThreads) bwd_kernel(const __grid_constant__ fmha_bwd_params p, float* dq_accum,
-                                                          const float* delta_ws, DqMode dq_mode) {
+                                                          const float* delta_ws, DqMode dq_mode, int order_units) {
   if constexpr (K::kSmallSmem && FMHA_SKIP_SMALL_SMEM_BWD)
     __trap();
   else
-    bwd_block<K>(p, dq_accum, delta_ws, dq_mode);
+    bwd_block<K>(p, dq_accum, delta_ws, dq_mode, order_units);
 }
 
 template <class Traits>
@@ -505,7 +512,14 @@ void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool
                       : sm90 && reinterpret_cast<uintptr_t>(dq_accum) % 16 == 0 ? DqMode::kBulk
                                                                             : DqMode::kAtomic;
   set_max_smem(reinterpret_cast<const void*>(kernel), smem);
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, dq_accum, delta, mode);
+  // One wave is the SMs times the CTAs that fit one (the same for every call of this kernel
+  // on a GPU of this kind).
+  static const int ctas_per_sm = [&] {
+    int n = 1;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Traits::kThreads, smem) == cudaSuccess && n > 0 ? n : 1;
+  }();
+  const int order_units = bwd_order_units(pr, n_blocks, device_sm_count() * ctas_per_sm);
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, dq_accum, delta, mode, order_units);
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
 }
 

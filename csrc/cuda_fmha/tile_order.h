@@ -5,8 +5,8 @@
 // u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit).  Fixed-length
 // problems launch one CTA per multiprocessor, so that a CTA's next tile starts loading while
 // its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).
-// The sm_90a backward keeps one CTA per key block (a persistent backward measured slower,
-// docs/tuning.md) and orders its launch (bwd_block_order, below).
+// The backwards (sm_90a and mma.sync) keep one CTA per key block (a persistent backward
+// measured slower, docs/tuning.md) and order their launch (bwd_block_order, below).
 #pragma once
 
 #include <stdint.h>
@@ -77,9 +77,9 @@ inline int64_t tile_order_ctas(int64_t blocks, int64_t heads, int64_t batch, boo
   return std::min<int64_t>(varlen ? units : std::min<int64_t>(units, sm_count), INT32_MAX);
 }
 
-// The sm_90a backward's launch order outside deterministic mode (which keeps the grid's own,
-// key blocks last first, for its turns): CTA `linear` of the (key blocks, units) grid, units
-// being (batch, KV head, split), takes (n_block, unit) so that units go in groups of
+// The backwards' launch order (the sm_90a one's outside deterministic mode, which keeps the
+// grid's own, key blocks last first, for its turns): CTA `linear` of the (key blocks, units)
+// grid, units being (batch, KV head[, split]), takes (n_block, unit) so that units go in groups of
 // `order_units`, and within a group key block 0 of every unit, then key block 1, ...  Under
 // a causal mask a low key block sees the most query blocks, so the longest CTAs start first
 // and the shortest fill the tail, where the grid's order (order_units = 1: each unit's key
@@ -98,9 +98,11 @@ FMHA_HOST_DEVICE void bwd_block_order(int linear, int n_blocks, int units, int o
 // non-causal at 0.59x).  In a model of the launch (tools/tune/bwd_launch_model.py) the groups
 // take the causal tail at D = 128 from 5-7% over the even share to within 2% at S = 2k-8k
 // (4% at 1k, where 8 is the cap); kernel alone on one H100 (docs/tuning.md), this rule
-// against the grid's order ran causal D = 128 1.01-1.05x, D = 64, 192, 256 0.99-1.01x.
-inline int bwd_order_units(const fmha_problem& pr, int n_blocks, int sm_count) {
-  const int wave = n_blocks < sm_count ? sm_count / n_blocks : 1;
+// against the grid's order ran the sm_90a backward causal at D = 128 1.01-1.05x, D = 64, 192,
+// 256 0.99-1.01x, and the mma.sync one at D = 256 1.06-1.11x, D = 128 1.01-1.06x, D = 64
+// 0.98-1.03x.  `slots`: the CTAs the GPU runs at once (SMs x CTAs per SM).
+inline int bwd_order_units(const fmha_problem& pr, int n_blocks, int slots) {
+  const int wave = n_blocks < slots ? slots / n_blocks : 1;
   return pr.window_right >= 0 ? std::min(wave, 8) : 1;
 }
 
