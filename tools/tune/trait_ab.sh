@@ -14,6 +14,9 @@
 # then '-'), for a change wider than one switch, e.g. the last commit's tree:
 #   git archive HEAD csrc tools > .dev/base.tar
 # and the base then builds its own copy of HARNESS where the tar holds one.
+# $OUT/NAME_summary.txt then holds tools/tune/ab_summary.py's reading of the rounds (base / new
+# per shape and per head dim and mask, checksums equal or not).  Each round runs base first;
+# lines of code the change leaves alone are the run's control for that order.
 # TESTS=1 also builds the sm_90 wheel and runs the GPU tests of FILES (paths from the root,
 # default tests/test_sm90.py) on it, into $OUT/tests.txt; SAN=<kernel name part> then runs
 # memcheck, racecheck and synccheck on the kernels so named over tools/sanitize_cases.py,
@@ -51,6 +54,7 @@ for r in 1 2; do
     for t in base new; do echo "== round $r D=$D $t"; "/tmp/trait_ab_${t}_$D"; done
   done
 done 2>&1 | tee "$OUT/${NAME}_ab.txt"
+python3 "$REPO/tools/tune/ab_summary.py" "$OUT/${NAME}_ab.txt" > "$OUT/${NAME}_summary.txt" || true
 if [ "${TESTS:-0}" = 1 ]; then
   FMHA_CUDA_ARCHS=90 python3 -m pip wheel --no-build-isolation --no-deps . -w /tmp/trait_ab_whl > "$OUT/wheel.log" 2>&1
   python3 -m pip install --no-deps --force-reinstall /tmp/trait_ab_whl/fmha-*.whl > /dev/null
