@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+import torch
 
 import fmha
 from fmha.bench import __main__ as bench
@@ -159,6 +160,21 @@ def test_paged_prefill_suite_cpu(tmp_path, capsys):
         assert r["fmha_rel_err"] < 1e-5
     assert "Chunked prefill over a paged cache" in (out / "results.md").read_text()
     assert "paged / contiguous" in capsys.readouterr().out
+
+
+def test_decode_suite_cpu(tmp_path):
+    # Grouped heads (8 query heads over 2 KV heads on the CPU), contiguous and paged 16: fmha
+    # checked against torch's SDPA with K and V repeated per group (on every torch release,
+    # 2.4 included), then timed; torch's own peer runs where its SDPA takes grouped heads.
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--quick", "--suites", "decode", "--budget", "0.01", "--out", str(out)])
+    assert rc == 0
+    rows = [r for r in json.loads((out / "results.json").read_text())["results"] if r["suite"] == "decode"]
+    assert rows and {r["page"] for r in rows} == {None, 16}
+    for r in rows:
+        assert r["fmha_rel_err"] < 1e-4 and r["gbps"]["fmha"] > 0
+        sdpa_gqa = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+        assert ("torch-math" in r["ms"]) == (sdpa_gqa and r["page"] is None)
 
 
 def test_cpu_peers_alternate_in_rounds(monkeypatch):

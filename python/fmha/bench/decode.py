@@ -94,11 +94,19 @@ def _sdpa_peer(name: str, backend: str) -> DecodePeer:
     return DecodePeer(name, run, _sdpa_inputs, contiguous_only=True)
 
 
+# torch's SDPA reads grouped K/V heads in place from torch 2.5 (enable_gqa); before, its peers
+# would have to read K and V repeated per query head, a different workload, so they sit out.
+_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
 def peers(device: torch.device) -> list[DecodePeer]:
     out = [DecodePeer("fmha", _fmha_run, _fmha_inputs)]
     if device.type == "cuda":
         out.append(DecodePeer("fmha-fp8", _fmha_run, lambda c, d, t: _fmha_inputs(c, d, t, quantize=True),
                               elem_bytes=lambda dtype: 1))
+    if not _SDPA_GQA:
+        return out
+    if device.type == "cuda":
         out.append(_sdpa_peer("torch-flash", "FLASH_ATTENTION"))
         if hasattr(torch.nn.attention.SDPBackend, "CUDNN_ATTENTION"):
             out.append(_sdpa_peer("torch-cudnn", "CUDNN_ATTENTION"))
@@ -111,8 +119,10 @@ def check_fmha(case: DecodeCase, device, dtype) -> float:
     small = DecodeCase(1, min(case.cache_len, 4096), None, case.heads_q, case.heads_k, case.head_dim)
     q, k, v, seqlens, _ = _fmha_inputs(small, device, dtype)
     out = fmha.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
-    ref = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float().transpose(1, 2),
-                                         v.float().transpose(1, 2), enable_gqa=True).transpose(1, 2)
+    group = case.heads_q // case.heads_k  # K/V heads repeated: enable_gqa needs torch 2.5
+    ref = F.scaled_dot_product_attention(q.float().transpose(1, 2),
+                                         k.float().repeat_interleave(group, dim=2).transpose(1, 2),
+                                         v.float().repeat_interleave(group, dim=2).transpose(1, 2)).transpose(1, 2)
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
