@@ -512,8 +512,8 @@ void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool
                       : sm90 && reinterpret_cast<uintptr_t>(dq_accum) % 16 == 0 ? DqMode::kBulk
                                                                             : DqMode::kAtomic;
   set_max_smem(reinterpret_cast<const void*>(kernel), smem);
-  // One wave is the SMs times the CTAs that fit one (the same for every call of this kernel
-  // on a GPU of this kind).
+  // One wave is the SMs times the CTAs that fit one, asked once per instance (a process's
+  // GPUs taken to be of one kind); it only picks the launch order, never the results.
   static const int ctas_per_sm = [&] {
     int n = 1;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Traits::kThreads, smem) == cudaSuccess && n > 0 ? n : 1;
