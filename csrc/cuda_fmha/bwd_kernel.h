@@ -130,11 +130,11 @@ __device__ __forceinline__ void bwd_block(const fmha_bwd_params& p, float* dq_ac
 
   const fmha_problem& pr = p.problem;
   // CTA (blockIdx.x, unit) of the (key blocks, (KV head, batch)) grid takes its key block and
-  // unit in bwd_block_order (tile_order.h), as the sm_90a backward does: under a causal mask,
+  // unit in wave_block_order (tile_order.h), as the sm_90a backward does: under a causal mask,
   // groups of units with every unit's longest CTA (key block 0) first.
   int n_block, unit;
-  bwd_block_order(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
-                  order_units, n_block, unit);
+  wave_block_order(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
+                   order_units, n_block, unit);
   const int hk = unit % gridDim.y, b = unit / gridDim.y;
   const Sequence seq = Sequence::get(pr, b);
   const int n0 = n_block * kBlockN;
@@ -512,13 +512,8 @@ void run_bwd(const fmha_bwd_params& p, float* dq_accum, const float* delta, bool
                       : sm90 && reinterpret_cast<uintptr_t>(dq_accum) % 16 == 0 ? DqMode::kBulk
                                                                             : DqMode::kAtomic;
   set_max_smem(reinterpret_cast<const void*>(kernel), smem);
-  // One wave is the SMs times the CTAs that fit one, asked once per instance (a process's
-  // GPUs taken to be of one kind); it only picks the launch order, never the results.
-  static const int ctas_per_sm = [&] {
-    int n = 1;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Traits::kThreads, smem) == cudaSuccess && n > 0 ? n : 1;
-  }();
-  const int order_units = bwd_order_units(pr, n_blocks, device_sm_count() * ctas_per_sm);
+  const int order_units =
+      wave_order_units(pr, n_blocks, wave_slots(reinterpret_cast<const void*>(kernel), Traits::kThreads, smem));
   kernel<<<grid, Traits::kThreads, smem, stream>>>(p, dq_accum, delta, mode, order_units);
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
 }

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (dq_locks == nullptr) {
     const int linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     int unit;
-    bwd_block_order(linear, gridDim.x, gridDim.y * gridDim.z, order_units, n_block, unit);
+    wave_block_order(linear, gridDim.x, gridDim.y * gridDim.z, order_units, n_block, unit);
     y = unit % gridDim.y, b = unit / gridDim.y;
   }
   const int hk = y / splits, split = y % splits;
@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 namespace fmha {
 namespace cuda {
 
-// The CTAs launch in bwd_block_order (tile_order.h) outside deterministic mode.  Returns
+// The CTAs launch in wave_block_order (tile_order.h) outside deterministic mode.  Returns
 // false, launching nothing, when the copy engine cannot describe the tensors or the
 // dQ accumulator is not 16-byte aligned (the caller then runs the mma.sync kernels).
 // stats: the padded statistics (sequence.h), 16-byte aligned.  splits > 1 (bwd_sm90_splits, dispatch.cu): the GQA group shared by that many CTAs, dkv_part
@@ -686,7 +686,7 @@ bool run_bwd_sm90(const fmha_bwd_params& p, float* dq_accum, const float* stats,
   set_max_smem(reinterpret_cast<const void*>(kernel), K::kSmemBytes);
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p, maps, dq_accum, stats, splits > 1 ? dkv_part : nullptr,
                                                         splits, dq_locks, lock_blocks,
-                                                        bwd_order_units(pr, n_blocks, device_sm_count()));
+                                                        wave_order_units(pr, n_blocks, device_sm_count()));
   check_cuda(cudaGetLastError(), "bwd_sm90_kernel launch");
   if (splits > 1) {
     const int64_t rows = varlen ? pr.total_k : (int64_t)pr.batch * pr.seqlen_k;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -59,6 +60,24 @@ void set_max_smem(const void* kernel, int bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   done.insert({kernel, device});
+}
+
+int wave_slots(const void* kernel, int threads, int smem_bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> ctas;  // (kernel, device) -> CTAs per SM
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = ctas.find({kernel, device});
+  if (it == ctas.end()) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) != cudaSuccess || n < 1) {
+      (void)cudaGetLastError();
+      n = 1;
+    }
+    it = ctas.emplace(std::make_pair(kernel, device), n).first;
+  }
+  return device_sm_count() * it->second;
 }
 
 void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes) {

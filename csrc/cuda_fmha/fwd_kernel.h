@@ -20,6 +20,7 @@
 #include "../common/softmax.h"
 #include "fmha/fmha.h"
 #include "scores.h"
+#include "tile_order.h"
 #include "tile/mma.h"
 #include "tile/smem.h"
 
@@ -44,15 +45,20 @@ struct FwdTraits {
 };
 
 template <class K>
-__global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant__ fmha_fwd_params p) {
+__global__ void __launch_bounds__(K::kThreads) fwd_kernel(const __grid_constant__ fmha_fwd_params p, int order_units) {
   using T = typename K::T;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kMT = K::kMT, kNT = K::kNT, kDT = K::kDT;
   using TileQ = typename K::TileQ;
   using TileKV = typename K::TileKV;
 
   const fmha_problem& pr = p.problem;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks start first
-  const int h = blockIdx.y, b = blockIdx.z;
+  // The (query blocks, (head, batch)) grid in wave_block_order (tile_order.h): under a causal
+  // mask groups of units, each unit's last query block (the longest) first.
+  int slot, unit;
+  wave_block_order(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
+                   order_units, slot, unit);
+  const int m_block = gridDim.x - 1 - slot;
+  const int h = unit % gridDim.y, b = unit / gridDim.y;
   const Sequence seq = Sequence::get(pr, b);
   const int m0 = m_block * kBlockM;
   if (m0 >= seq.len_q) return;
@@ -234,7 +240,9 @@ void run_fwd(const fmha_fwd_params& p, cudaStream_t stream) {
   const dim3 grid(m_blocks, pr.num_heads_q, pr.batch);
   auto kernel = fwd_kernel<Traits>;
   set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  const int order_units = wave_order_units(
+      pr, m_blocks, wave_slots(reinterpret_cast<const void*>(kernel), Traits::kThreads, Traits::kSmemBytes));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, order_units);
   check_cuda(cudaGetLastError(), "fwd_kernel launch");
 }
 

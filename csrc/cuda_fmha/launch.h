@@ -26,6 +26,11 @@ int device_smem_optin();
 // throws NOT_SUPPORTED, naming both sizes, when the device has less.
 void set_max_smem(const void* kernel, int bytes);
 
+// The CTAs of `kernel` the current device runs at once (SMs x CTAs per SM at this block size
+// and shared memory, asked once per kernel and device): one wave, for the launch order
+// (wave_block_order, tile_order.h); it never changes the results.
+int wave_slots(const void* kernel, int threads, int smem_bytes);
+
 // Throws NOT_SUPPORTED unless t (of elem_bytes elements) is 16-byte aligned with every stride,
 // and head_dim, a multiple of 16 bytes: the tensor-core kernels move 16-byte rows.
 void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes);

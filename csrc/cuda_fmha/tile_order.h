@@ -6,7 +6,7 @@
 // problems launch one CTA per multiprocessor, so that a CTA's next tile starts loading while
 // its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).
 // The backwards (sm_90a and mma.sync) keep one CTA per key block (a persistent backward
-// measured slower, docs/tuning.md) and order their launch (bwd_block_order, below).
+// measured slower, docs/tuning.md) and order their launch (wave_block_order, below).
 #pragma once
 
 #include <stdint.h>
@@ -77,21 +77,23 @@ inline int64_t tile_order_ctas(int64_t blocks, int64_t heads, int64_t batch, boo
   return std::min<int64_t>(varlen ? units : std::min<int64_t>(units, sm_count), INT32_MAX);
 }
 
-// The backwards' launch order (the sm_90a one's outside deterministic mode, which keeps the
-// grid's own, key blocks last first, for its turns): CTA `linear` of the (key blocks, units)
-// grid, units being (batch, KV head[, split]), takes (n_block, unit) so that units go in groups of
-// `order_units`, and within a group key block 0 of every unit, then key block 1, ...  Under
-// a causal mask a low key block sees the most query blocks, so the longest CTAs start first
-// and the shortest fill the tail, where the grid's order (order_units = 1: each unit's key
-// blocks in turn) ends on a head's longest CTAs.
-FMHA_HOST_DEVICE void bwd_block_order(int linear, int n_blocks, int units, int order_units, int& n_block, int& unit) {
+// The launch order of the kernels with one CTA per block (the backwards, the sm_90a one's
+// outside deterministic mode, which keeps the grid's own, key blocks last first, for its
+// turns; the mma.sync forward): CTA `linear` of the (blocks, units) grid, units being
+// (batch, head[, split]), takes (n_block, unit) so that units go in groups of `order_units`,
+// and within a group block slot 0 of every unit, then slot 1, ...  Slot 0 is a unit's longest
+// CTA under a causal mask (the backwards' key block 0, which sees the most query blocks; the
+// forward's last query block, which sees the most keys), so the longest CTAs start first and
+// the shortest fill the tail, where the grid's order (order_units = 1: each unit's blocks in
+// turn) ends on a unit's longest CTAs.
+FMHA_HOST_DEVICE void wave_block_order(int linear, int n_blocks, int units, int order_units, int& n_block, int& unit) {
   const int group = linear / (order_units * n_blocks), in_group = linear % (order_units * n_blocks);
   const int first = group * order_units, size = units - first < order_units ? units - first : order_units;
   n_block = in_group / size;
   unit = first + in_group % size;
 }
 
-// bwd_block_order's group: the grid's order (1) where every key block sees the same query
+// wave_block_order's group: the grid's order (1) where every key block sees the same query
 // blocks; under a causal or right-bounded window, as many units as make about one wave of
 // CTAs (SMs / key blocks, at most 8), so that the CTAs running together still share Q, dO
 // and the dQ accumulator in L2 (groups of 8 units at every length ran D = 192, S = 16k
@@ -100,8 +102,10 @@ FMHA_HOST_DEVICE void bwd_block_order(int linear, int n_blocks, int units, int o
 // (4% at 1k, where 8 is the cap); kernel alone on one H100 (docs/tuning.md), this rule
 // against the grid's order ran the sm_90a backward causal at D = 128 1.01-1.05x, D = 64, 192,
 // 256 0.99-1.01x, and the mma.sync one at D = 256 1.06-1.11x, D = 128 1.01-1.06x, D = 64
-// 0.98-1.03x.  `slots`: the CTAs the GPU runs at once (SMs x CTAs per SM).
-inline int bwd_order_units(const fmha_problem& pr, int n_blocks, int slots) {
+// 0.98-1.03x; the mma.sync forward's tiles (one H200) causal D = 64 1.01-1.06x, D = 128
+// 1.01-1.11x (4k keys: 1.10-1.11x), D = 256 1.01-1.04x.  `slots`: the CTAs the GPU runs at
+// once (wave_slots, launch.h).
+inline int wave_order_units(const fmha_problem& pr, int n_blocks, int slots) {
   const int wave = n_blocks < slots ? slots / n_blocks : 1;
   return pr.window_right >= 0 ? std::min(wave, 8) : 1;
 }

@@ -585,7 +585,7 @@ void test_tile_order() {
 // within a group of units key block 0 of each before key block 1; order_units = 1 the grid's
 // own order (key block fastest); groups only under a causal or right-bounded window, of about
 // one wave, at most 8.
-void test_bwd_block_order() {
+void test_wave_block_order() {
   for (int n_blocks : {1, 2, 3, 16, 33})
     for (int units : {1, 2, 5, 16, 40})
       for (int order_units : {1, 2, 4, 8, 66}) {
@@ -594,7 +594,7 @@ void test_bwd_block_order() {
         int last_group = -1, last_n = 0;
         for (int linear = 0; linear < n_blocks * units; ++linear) {
           int n, u;
-          fmha::cuda::bwd_block_order(linear, n_blocks, units, order_units, n, u);
+          fmha::cuda::wave_block_order(linear, n_blocks, units, order_units, n, u);
           if (n < 0 || n >= n_blocks || u < 0 || u >= units) {
             seen[0] = -1000;
             continue;
@@ -614,18 +614,18 @@ void test_bwd_block_order() {
       }
   fmha_problem pr{};
   pr.window_left = pr.window_right = -1;
-  EXPECT(fmha::cuda::bwd_order_units(pr, 32, 132) == 1, "unmasked: the grid's order");
+  EXPECT(fmha::cuda::wave_order_units(pr, 32, 132) == 1, "unmasked: the grid's order");
   pr.window_right = 0;  // causal
-  EXPECT(fmha::cuda::bwd_order_units(pr, 32, 132) == 4, "causal, 32 key blocks on 132 SMs: groups of 4");
-  EXPECT(fmha::cuda::bwd_order_units(pr, 4, 132) == 8, "causal, 4 key blocks: at most 8");
-  EXPECT(fmha::cuda::bwd_order_units(pr, 128, 132) == 1 && fmha::cuda::bwd_order_units(pr, 500, 132) == 1,
+  EXPECT(fmha::cuda::wave_order_units(pr, 32, 132) == 4, "causal, 32 key blocks on 132 SMs: groups of 4");
+  EXPECT(fmha::cuda::wave_order_units(pr, 4, 132) == 8, "causal, 4 key blocks: at most 8");
+  EXPECT(fmha::cuda::wave_order_units(pr, 128, 132) == 1 && fmha::cuda::wave_order_units(pr, 500, 132) == 1,
          "causal, a wave of key blocks or more: the grid's order");
 }
 
 int main() {
   test_mask_row_interval();
   test_tile_order();
-  test_bwd_block_order();
+  test_wave_block_order();
   test_decode_plan();
   test_dq_accum_layout();
   test_philox_known_answers();

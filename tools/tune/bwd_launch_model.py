@@ -1,7 +1,7 @@
 """A model of the sm_90a backward's launch under a causal mask: CTAs start in launch order on
 whichever multiprocessor frees first (one CTA per SM), and a CTA takes as long as its query
 blocks plus a fixed cost.  Prints the makespan over the even share (total work / SMs) for the
-grid's order and for bwd_block_order's groups as bwd_order_units picks them (tile_order.h),
+grid's order and for wave_block_order's groups as wave_order_units picks them (tile_order.h),
 at the training table's shapes (16k tokens of width 2048).  A model, not a measurement: the
 kernel's A/B is tools/tune/trait_ab.sh with tune_sm90_bwd.cu.
 
@@ -19,13 +19,13 @@ def makespan(works, sms: int) -> float:
     return max(free)
 
 
-def order_units(n_blocks: int, sms: int) -> int:  # bwd_order_units under a causal mask
+def order_units(n_blocks: int, sms: int) -> int:  # wave_order_units under a causal mask
     wave = sms // n_blocks if n_blocks < sms else 1
     return min(wave, 8)
 
 
 def launch(n_blocks: int, units: int, group: int):
-    """(key block, unit) in bwd_block_order's order."""
+    """(key block, unit) in wave_block_order's order."""
     for linear in range(n_blocks * units):
         first = linear // (group * n_blocks) * group
         in_group, size = linear % (group * n_blocks), min(group, units - first)

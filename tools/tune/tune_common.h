@@ -36,6 +36,13 @@ int device_sm_count() {
   cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
   return count;
 }
+int wave_slots(const void* kernel, int threads, int smem_bytes) {
+  int device = 0, count = 0, ctas = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem_bytes);
+  return count * (ctas > 0 ? ctas : 1);
+}
 void set_max_smem(const void* kernel, int bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "smem attribute");
 }
