@@ -109,7 +109,8 @@ def test_paged_varlen(device, name, dtype, hq, hk, d, page, seqs, kw):
 # blocks, 48 at a time into D = 192's 96-key blocks) and 256 (a whole 128-key block per copy);
 # every sm_90a head dim (80 padded to 96; 256 in 80-key blocks), and more than 8192 keys of
 # capacity at D = 128, with pages of 256 and of 16 (a block's eight 16-row boxes spread over
-# the producer's four warps, the last page cut at the sequence's end).
+# the producer's four warps, the last page cut at the sequence's end); D = 128 without
+# softcap or ALiBi runs a 3-stage ring (FwdSm90Tile::kPagedStages), in fp16 as in bf16.
 PREFILL = [(130, 700), (1, 300), (0, 90), (70, 70), (1, 1), (64, 0), (200, 333)]
 PREFILL_CASES = [
     ("causal-gqa-p16-d128", torch.bfloat16, 8, 2, 128, 16, PREFILL, dict(causal=True)),
@@ -121,6 +122,7 @@ PREFILL_CASES = [
      dict(causal=True, softcap=20.0, alibi=True)),
     ("long-p256-d128", torch.bfloat16, 4, 2, 128, 256, [(100, 8500), (64, 300)], {}),
     ("long-p16-d128", torch.bfloat16, 4, 2, 128, 16, [(100, 8500), (64, 300)], {}),
+    ("causal-long-p16-d128-fp16", torch.float16, 4, 2, 128, 16, [(300, 3000), (64, 300), (1, 1)], dict(causal=True)),
 ]
 
 

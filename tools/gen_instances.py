@@ -61,7 +61,7 @@ def cuda_tiles() -> dict:
     """What the CUDA instance list reads from configs.h (the one table of tiles): the head dims
     whose mma.sync forward has a long-key block (FwdTile::kNLong), whose forward has plain
     instances (kFwdPlain), whose sm_90a forward has a long tile (kFwdSm90HasLong; its fp8
-    variant: FwdSm90Fp8Tile::kNLong), whose
+    variant: FwdSm90Fp8Tile::kNLong), whose paged calls take a deeper ring (kFwdSm90HasPaged), whose
     backward has 99 KB tiles (kHasSmallBwd) and whose 8-bit-cache decode has a wide kernel
     (kHasDecodeWide)."""
     text = CUDA_CONFIGS.read_text()
@@ -74,6 +74,7 @@ def cuda_tiles() -> dict:
                 sm90_long=tuple(d for d in SM90_FWD_HEAD_DIMS
                                 if (sm90[d]["kMLong"], sm90[d]["kNLong"]) != (sm90[d]["kM"], sm90[d]["kN"])),
                 fp8_long=tuple(d for d in SM90_FP8_HEAD_DIMS if fp8[d]["kNLong"] != fp8[d]["kN"]),
+                sm90_paged=tuple(d for d in SM90_FWD_HEAD_DIMS if sm90[d]["kPagedStages"] != sm90[d]["kStages"]),
                 bwd_small=head_dims_up_to(text, r"kHasSmallBwd", HEAD_DIMS),
                 decode_wide=head_dims_up_to(text, r"kHasDecodeWide", DECODE_HEAD_DIMS))
 
@@ -82,16 +83,17 @@ def cuda_tiles() -> dict:
 # (FwdTile::kNLong in csrc/cuda_fmha/configs.h); fwd_plain: head dims whose forward also has
 # instances without the softcap and ALiBi passes (kFwdPlain; the others' one forward
 # instance runs every problem); sm90_long: head dims whose sm_90a forward has a long tile
-# (FwdSm90Tile); fp8_long: those whose fp8 forward has one (FwdSm90Fp8Tile); bwd_small: head dims with backward tiles for 99 KB GPUs (BwdSmallConfig);
+# (FwdSm90Tile); fp8_long: those whose fp8 forward has one (FwdSm90Fp8Tile); sm90_paged: those
+# whose paged calls take a deeper ring (FwdSm90Tile::kPagedStages); bwd_small: head dims with backward tiles for 99 KB GPUs (BwdSmallConfig);
 # decode_wide: head dims whose 8-bit-cache decode has a 12-warp kernel for GPUs with about
-# 200 KB of shared memory per block (DecodeWideConfig); these six come from configs.h
+# 200 KB of shared memory per block (DecodeWideConfig); these seven come from configs.h
 # (cuda_tiles). sm90: whether the backend has the sm_90a forward and backward
 # (FwdSm90Config, BwdSm90Config).
 BACKENDS = {
     "cuda": dict(out=ROOT / "csrc" / "cuda_fmha" / "instances", ext="cu", stream="cudaStream_t",
                  types={"fp16": "__half", "bf16": "__nv_bfloat16"}, **cuda_tiles(), sm90=True),
     "hip": dict(out=ROOT / "csrc" / "hip_fmha" / "instances", ext="hip", stream="hipStream_t",
-                types={"fp16": "f16", "bf16": "bf16"}, fwd_long=(), fwd_plain=(), sm90_long=(), fp8_long=(), bwd_small=(),
+                types={"fp16": "f16", "bf16": "bf16"}, fwd_long=(), fwd_plain=(), sm90_long=(), fp8_long=(), sm90_paged=(), bwd_small=(),
                 decode_wide=(), sm90=False),
 }
 
@@ -139,8 +141,9 @@ def decode_instances(types, stream, decode_wide):
                    f"const fmha_decode_params&, int, float*, float*, {stream});")
 
 
-def sm90_instances(types, stream, sm90_long, fp8_long):
-    """The sm_90a forward (dtype x head dim x (plain, softcap/ALiBi), and the long-key blocks), its
+def sm90_instances(types, stream, sm90_long, fp8_long, sm90_paged):
+    """The sm_90a forward (dtype x head dim x (plain, softcap/ALiBi), the long-key blocks and
+    the paged calls' deeper rings), its
     fp8 variant (head dim x (plain, softcap/ALiBi), and its long-key blocks) and the backward
     (dtype x head dim x (plain, softcap/ALiBi))."""
     for dt, d, mod in itertools.product(types, SM90_FWD_HEAD_DIMS, (False, True)):
@@ -148,6 +151,10 @@ def sm90_instances(types, stream, sm90_long, fp8_long):
             yield (f"fwd_sm90_{dt}_hdim{d}{'_long' if long else ''}{'_scoremod' if mod else ''}",
                    f"template bool run_fwd_sm90<FwdSm90Config<{types[dt]}, {d}, {b(mod)}{', true' if long else ''}>>("
                    f"const fmha_fwd_params&, {stream}, const FwdSm90Pages*);")
+    for dt, d in itertools.product(types, sm90_paged):
+        yield (f"fwd_sm90_{dt}_hdim{d}_paged",
+               f"template bool run_fwd_sm90<FwdSm90PagedConfig<{types[dt]}, {d}>>("
+               f"const fmha_fwd_params&, {stream}, const FwdSm90Pages*);")
     for d, mod in itertools.product(SM90_FP8_HEAD_DIMS, (False, True)):  # e4m3 in, bf16 out
         for long in (False, True) if d in fp8_long else (False,):
             yield (f"fwd_sm90_e4m3_hdim{d}{'_long' if long else ''}{'_scoremod' if mod else ''}",
@@ -165,7 +172,7 @@ def render(backend, cfg):
     insts = list(instances(cfg["types"], cfg["stream"], cfg["fwd_long"], cfg["fwd_plain"], cfg["bwd_small"]))
     insts += list(decode_instances(cfg["types"], cfg["stream"], cfg["decode_wide"]))
     if cfg["sm90"]:
-        insts += list(sm90_instances(cfg["types"], cfg["stream"], cfg["sm90_long"], cfg["fp8_long"]))
+        insts += list(sm90_instances(cfg["types"], cfg["stream"], cfg["sm90_long"], cfg["fp8_long"], cfg["sm90_paged"]))
     files = {f"{stem}.{cfg['ext']}": HEADER + '#include "../configs.h"\n\n' + ns + inst + end for stem, inst in insts}
     files["instances.h"] = (HEADER + "// Declarations of the instances compiled in this folder.\n#pragma once\n\n"
                             '#include "../configs.h"\n\n' + ns + "\n".join("extern " + i for _, i in insts) + end)

@@ -57,20 +57,20 @@ def run_decode(d, page=None, quant=None, splits=0, bad=False, dtype=torch.bfloat
     fmha.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cache_seqlens=seqlens, num_splits=splits, **extra, **kw)
 
 
-def run_paged_prefill(d, page, bad=False, **kw):
+def run_paged_prefill(d, page, bad=False, dtype=torch.bfloat16, lens_k=(333, 40, 16, 70), **kw):
     """flash_attn_varlen_func over pages with prefill chunks (the sm_90a forward reading pages,
     fwd_paged_sm90): most sequences end inside a copy box (their V box by cp.async); with
     bad=True, pages and lengths past the cache (clamped)."""
-    lens_q, lens_k, hk, hq = [100, 1, 0, 70], [333, 40, 16, 70], 2, 4
+    lens_q, lens_k, hk, hq = [100, 1, 0, 70], list(lens_k), 2, 4
     width = -(-max(lens_k) // page) + 1
-    kc, vc = (torch.randn(4 * width, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kc, vc = (torch.randn(4 * width, page, hk, d, device="cuda", dtype=dtype) for _ in range(2))
     table = torch.randperm(4 * width, device="cuda").to(torch.int32).view(4, width)
     seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
     if bad:
         table[0, 1], table[3, 0] = 10**6, -3
         seqused[1] = 1 << 30
     cu = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
-    q = torch.randn(int(cu[-1]), hq, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(int(cu[-1]), hq, d, device="cuda", dtype=dtype)
     fmha.flash_attn_varlen_func(q, kc, vc, cu, None, max(lens_q), None, block_table=table, seqused_k=seqused, **kw)
 
 
@@ -125,6 +125,7 @@ def main():
     run_paged_prefill(128, 16, causal=True)
     run_paged_prefill(64, 256)
     run_paged_prefill(96, 48, bad=True, causal=True)
+    run_paged_prefill(128, 256, dtype=torch.float16, lens_k=(1100, 600, 16, 333))  # D = 128 paged: 3-stage ring
     torch.cuda.synchronize()
     print("sanitize cases done")
 

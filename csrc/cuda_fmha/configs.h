@@ -52,22 +52,31 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // (FlashAttention-4's block there: 2-5% faster from 4k as dispatched, 2-4% slower at 1-2k);
 // at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
 // last block is mostly empty at S = 512) and 80 from 1024, what fits 227 KB (equal at
-// 1024, 15% faster than 64 at S = 2k, 6-16% from S = 4k).
+// 1024, 15% faster than 64 at S = 2k, 6-16% from S = 4k).  kPagedStages: the ring's depth
+// for a paged cache without softcap or ALiBi, whose boxes wait on a read of the block table:
+// three at D = 128 (O then leaves through the Q buffer), B = 1 with 16k keys of context in
+// pages of 16 1.03-1.04x faster than two, the other paged-prefill shapes 0.98-1.02x (H100,
+// docs/tuning.md "Paged caches"); the other head dims were not measured.
 template <int D>
 struct FwdSm90Tile {
-  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = kN, kLongKeys = 8192;
+  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = kN, kLongKeys = 8192, kPagedStages = kStages;
 };
 template <> struct FwdSm90Tile<64> {
-  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = 192, kNLong = kN, kLongKeys = 2048;
+  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = 192, kNLong = kN, kLongKeys = 2048, kPagedStages = kStages;
+};
+template <> struct FwdSm90Tile<128> {
+  static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = kN, kLongKeys = 8192, kPagedStages = 3;
 };
 template <> struct FwdSm90Tile<192> {
-  static constexpr int kM = 128, kN = 96, kStages = 2, kMLong = kM, kNLong = 112, kLongKeys = 4096;
+  static constexpr int kM = 128, kN = 96, kStages = 2, kMLong = kM, kNLong = 112, kLongKeys = 4096, kPagedStages = kStages;
 };
 template <> struct FwdSm90Tile<256> {
-  static constexpr int kM = 128, kN = 64, kStages = 2, kMLong = kM, kNLong = 80, kLongKeys = 1024;
+  static constexpr int kM = 128, kN = 64, kStages = 2, kMLong = kM, kNLong = 80, kLongKeys = 1024, kPagedStages = kStages;
 };
 template <int D>
 constexpr bool kFwdSm90HasLong = FwdSm90Tile<D>::kMLong != FwdSm90Tile<D>::kM || FwdSm90Tile<D>::kNLong != FwdSm90Tile<D>::kN;
+template <int D>
+constexpr bool kFwdSm90HasPaged = FwdSm90Tile<D>::kPagedStages != FwdSm90Tile<D>::kStages;
 
 template <int D>
 struct BwdTile;  // kBlockM, kBlockN, Q/dO stages
@@ -94,6 +103,9 @@ using FwdConfig = FwdTraits<T, D, FwdTile<D>::kM, kLong ? FwdTile<D>::kNLong : F
 template <class T, int D, bool kScoreMod, bool kLong = false>
 using FwdSm90Config = FwdSm90Traits<T, D, kLong ? FwdSm90Tile<D>::kMLong : FwdSm90Tile<D>::kM,
                                     kLong ? FwdSm90Tile<D>::kNLong : FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kStages, kScoreMod>;
+// A paged cache's plain instance where its ring is deeper (kFwdSm90HasPaged).
+template <class T, int D>
+using FwdSm90PagedConfig = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, FwdSm90Tile<D>::kN, FwdSm90Tile<D>::kPagedStages, false>;
 // The fp8 forward (e4m3 in, bf16 out; k-steps of 32 keys): 128 x 128 tiles at head dims 64,
 // 128 and 256, and longer key blocks where a tile sees kLongKeys keys or more (as above).
 // The V^T pass and the kernel together (tools/tune/tune_sm90.cu -DTUNE_FP8 on an H200,
@@ -117,7 +129,8 @@ using FwdSm90Fp8Config = FwdSm90Traits<__nv_fp8_e4m3, D, FwdSm90Fp8Tile<D>::kM,
 static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Fp8Config<256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Fp8Config<128, true, true>::kSmemBytes <= 232448 &&
-                  FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448,
+                  FwdSm90Config<__half, 128, true, true>::kSmemBytes <= 232448 &&
+                  FwdSm90PagedConfig<__half, 128>::kSmemBytes <= 232448,
               "the sm90 forward's tiles must fit 227 KB");
 
 // The sm_90a backward (bwd_sm90_kernel.h): at head dims 64 and 128, 128 keys per CTA (64

@@ -170,9 +170,14 @@ bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pa
 // divide would be read in boxes of 16 rows from any page (load_pages); D = 128's former
 // 176-key blocks ran 1.14x their contiguous time that way at 18k keys (H200) against one box
 // of 128 rows per block.  D = 64's 192-row tiles and D = 256's 80-key blocks (also 16-row
-// boxes) were not timed on pages.
+// boxes) were not timed on pages.  A paged call without score mods takes the deeper ring
+// where its head dim has one (FwdSm90Tile::kPagedStages).
 template <class T, int D>
 bool fwd_sm90_instance(const fmha_fwd_params& p, cudaStream_t s, const FwdSm90Pages* pages) {
+  if constexpr (kFwdSm90HasPaged<D>) {
+    if (pages != nullptr && !score_mods(p.problem) && p.problem.scale > 0.f)
+      return run_fwd_sm90<FwdSm90PagedConfig<T, D>>(p, s, pages);
+  }
   if constexpr (kFwdSm90HasLong<D>) {
     if (pages == nullptr && tile_keys(p.problem) >= FwdSm90Tile<D>::kLongKeys) return fwd_sm90_instance<T, D, true>(p, s, pages);
   }

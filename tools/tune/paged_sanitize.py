@@ -12,6 +12,7 @@ sys.path.insert(0, sys.argv[1])
 import sanitize_cases as sc  # noqa: E402
 
 sc.run_paged_prefill(128, 16, causal=True)
+sc.run_paged_prefill(128, 256, dtype=torch.float16, lens_k=(1100, 600, 16, 333))  # D = 128's 3-stage ring
 sc.run_paged_prefill(64, 256)
 sc.run_paged_prefill(96, 48, bad=True, causal=True)
 sc.run_paged_prefill(256, 16, window_size=(100, 0))

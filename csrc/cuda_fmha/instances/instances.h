@@ -236,6 +236,8 @@ extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false>>(cons
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Config<__nv_bfloat16, 256, true, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90PagedConfig<__half, 128>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
+extern template bool run_fwd_sm90<FwdSm90PagedConfig<__nv_bfloat16, 128>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, false>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, false, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
 extern template bool run_fwd_sm90<FwdSm90Fp8Config<64, true>>(const fmha_fwd_params&, cudaStream_t, const FwdSm90Pages*);
