@@ -181,8 +181,8 @@ __device__ __forceinline__ float descale_at(const fmha_descale& d, int b, int hk
 }
 
 // Named barriers: 0 is __syncthreads; 1 to 3 are the consumers' turns (ping-pong), 4 to 6
-// each consumer's own (the epilogue), 7 the paged producer warps' (load_pages).
-constexpr int kBarTurn = 1, kBarEpilogue = 4, kBarPaged = 7;
+// each consumer's own (the epilogue).
+constexpr int kBarTurn = 1, kBarEpilogue = 4;
 
 // What one tile covers: query rows [m0, m1) of sequence b, head h, and the key blocks
 // n_end - 1, n_end - 2, ..., n_end - n_blocks it visits (the last first, as in
@@ -357,10 +357,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
     const bool paged = !K::kFp8 && maps.pages.block_table != nullptr;
-    // With several boxes to a key block, the paged warps' first waits on a slot's empty
-    // barrier and the others sleep on a named barrier until it has; with one, it is alone.
-    const bool paged_boxes = paged && maps.pages.box_rows < kBlockN;
-    if (tid >= (paged_boxes ? 32 * kPagedWarps : paged ? 32 : 1)) return;
+    if (tid >= (paged ? 32 * kPagedWarps : 1)) return;
     const bool leader = tid == 0;
     if (leader) {
       prefetch_tensormap(&maps.q);
@@ -376,8 +373,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int k_row = (int)w.seq.k_row0;
       auto load = [&](T* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, int i, int page) {
         const int stage = (it + i) % kStages;
-        if (!paged_boxes || paged_warp() == 0) mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
-        if (paged_boxes) named_barrier_sync(kBarPaged, 32 * kPagedWarps);
+        mbar_wait(empty + stage, (((it + i) / kStages) & 1) ^ 1);  // the first pass finds the slots free
         const int n0 = (w.n_end - 1 - i) * kBlockN;
         if constexpr (K::kFp8) {
           if (ring == sV) {  // V^T: a box of one slab's keys by the head dim, per slab
