@@ -53,10 +53,10 @@ constexpr bool kFwdPlain = D == 96 || D == 128;
 // at D = 256 64 keys below 1024 keys a tile (6-10% faster than 80 there, whose
 // last block is mostly empty at S = 512) and 80 from 1024, what fits 227 KB (equal at
 // 1024, 15% faster than 64 at S = 2k, 6-16% from S = 4k).  kPagedStages: the ring's depth
-// for a paged cache without softcap or ALiBi, whose boxes wait on a read of the block table:
-// three at D = 128 (O then leaves through the Q buffer), B = 1 with 16k keys of context in
-// pages of 16 1.03-1.04x faster than two, the other paged-prefill shapes 0.98-1.02x (H100,
-// docs/tuning.md "Paged caches"); the other head dims were not measured.
+// for a paged cache without softcap or ALiBi: three at D = 128 (O then leaves through the Q
+// buffer), B = 1 with 16k keys of context in pages of 16 1.03-1.04x faster than two, the
+// other paged-prefill shapes 0.98-1.02x (H100, docs/tuning.md "Paged caches"); the other
+// head dims were not measured.
 template <int D>
 struct FwdSm90Tile {
   static constexpr int kM = 128, kN = 128, kStages = 2, kMLong = kM, kNLong = kN, kLongKeys = 8192, kPagedStages = kStages;
