@@ -122,6 +122,25 @@ template <class G>
 FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* o_part, const float* lse_part,
                                       int splits, int64_t row, int part, int parts, int lane, float* red) {
   const int64_t rows = decode_partial_rows(p);
+  constexpr int kVec = (FMHA_MAX_HEAD_DIM + 4 * G::kWidth - 1) / (4 * G::kWidth);
+  const int d = p.head_dim;
+  // The group's first kAhead splits (all of them at up to 2 x parts splits, B = 1's 16
+  // among them) are read with the LSEs below rather than after their reduction: one
+  // dependent trip to L2 instead of two.
+  constexpr int kAhead = 2;
+  Float4 ahead[kAhead][kVec];
+  float lse_ahead[kAhead];
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) {
+    const int s = part + parts * j;
+    lse_ahead[j] = s < splits ? lse_part[s * rows + row] : -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) {
+      const int e = 4 * (lane + G::kWidth * c);
+      ahead[j][c] = s < splits && e < d ? *reinterpret_cast<const Float4*>(o_part + (s * rows + row) * d + e)
+                                        : Float4{0.f, 0.f, 0.f, 0.f};
+    }
+  }
   // Every split's LSE at once (lane l holds splits l, l + kWidth, ...): the max and the sum.
   constexpr int kPerLane = kMaxDecodeSplits / G::kWidth;
   float w[kPerLane];
@@ -139,12 +158,19 @@ FMHA_DEVICE float decode_combine_part(const fmha_decode_params& p, const float* 
   sum = G::sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
 
-  constexpr int kVec = (FMHA_MAX_HEAD_DIM + 4 * G::kWidth - 1) / (4 * G::kWidth);
-  const int d = p.head_dim;
   Float4 acc[kVec];
 #pragma unroll
   for (int c = 0; c < kVec; ++c) acc[c] = Float4{0.f, 0.f, 0.f, 0.f};
-  for (int s = part; s < splits; s += parts) {
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) {
+    const float ws = m == -INFINITY ? 0.f : G::exp(lse_ahead[j] - m) * inv;  // 0 past the splits
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) {
+      const Float4 x = ahead[j][c];
+      acc[c].x += ws * x.x, acc[c].y += ws * x.y, acc[c].z += ws * x.z, acc[c].w += ws * x.w;
+    }
+  }
+  for (int s = part + parts * kAhead; s < splits; s += parts) {
     const float ws = m == -INFINITY ? 0.f : G::exp(lse_part[s * rows + row] - m) * inv;
 #pragma unroll
     for (int c = 0; c < kVec; ++c) {
