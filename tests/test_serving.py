@@ -320,6 +320,44 @@ def test_kvcache_out_cuda_graph(device):
         assert torch.equal(out, fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths))
 
 
+@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "paged16"])
+def test_kvcache_split_calls_cuda_graph(device, page):
+    # Split-KV calls back to back in one graph (B = 1, long cache: the most splits, so each
+    # call's partials go through the combine, and the graph's pool may hand a call the
+    # workspace the previous call's combine reads): every replayed output equals its call
+    # run alone.
+    if device == "cpu":
+        pytest.skip("CUDA graphs need a GPU")
+    cap, n = 4096, 3
+    qs = [randn(1, 1, 32, 128, dtype=torch.bfloat16, device=device) for _ in range(n)]
+    kc, vc = (randn(1, cap, 8, 128, dtype=torch.bfloat16, device=device) for _ in range(2))
+    extra = {}
+    if page:
+        kc, vc = kc.view(cap // page, page, 8, 128), vc.view(cap // page, page, 8, 128)
+        extra["block_table"] = torch.arange(cap // page, dtype=torch.int32, device=device).flip(0).view(1, -1)
+    lengths = torch.tensor([cap - 5], dtype=torch.int32, device=device)
+    outs = [torch.empty_like(q) for q in qs]
+
+    def calls():
+        for q, o in zip(qs, outs):
+            fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, out=o, **extra)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls()  # warm-up
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for o in outs:
+        o.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    for q, o in zip(qs, outs):
+        assert torch.equal(o, fmha.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, **extra))
+
+
 # ---------------------------------------------------------------------------------------
 # Any head dim at any stride
 # ---------------------------------------------------------------------------------------
