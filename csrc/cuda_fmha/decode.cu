@@ -131,20 +131,34 @@ void decode(const fmha_decode_params& p, void* stream) {
   float* lse_part = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + pl.o_bytes);
   with_config(p, [&](auto traits) { run_decode<decltype(traits)>(p, pl.splits, o_part, lse_part, s); });
 
-  // 3. Splits merged by LSE.
+  // 3. Splits merged by LSE.  Behind the one-CTA-per-SM kernel of contiguous 16-bit caches
+  // the combine is its programmatic dependent: its blocks are placed beside the decode CTAs
+  // while they stream and start as the last one ends.  Graph timing on one H100 (2026-12-07,
+  // tools/tune/decode_graph_ab.py): B = 1, L = 8k 18.8 -> 18.0 us, 32k 51.5 -> 51.2, level
+  // elsewhere; behind the paged and 8-bit kernels (two or three CTAs per SM, or one of 12
+  // warps) it was 0.3-1 us slower at B = 1, so they keep the plain launch.
   if (pl.splits > 1) {
     const int64_t rows = decode_partial_rows(p);
     if (rows > INT32_MAX)
       FMHA_UNSUPPORTED("decode combine grid too large: %lld output rows (batch x heads x seqlen_q, or heads x total_q)",
                        (long long)rows);
     const int parts = decode_combine_parts(pl.splits);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3((unsigned)grid_size(rows * parts, kCombineWarps));
+    cfg.blockDim = dim3(32 * kCombineWarps);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = !quant && p.block_table == nullptr && device_cc_major() >= 9 ? 1 : 0;
     with_types(p, [&](auto types) {
       using T = typename decltype(types)::T;
       if constexpr (!std::is_same_v<T, float>)
-        decode_combine_kernel<T><<<(unsigned)grid_size(rows * parts, kCombineWarps), 32 * kCombineWarps, 0, s>>>(
-            p, o_part, lse_part, pl.splits, parts);
+        check_cuda(cudaLaunchKernelEx(&cfg, decode_combine_kernel<T>, p, static_cast<const float*>(o_part),
+                                      static_cast<const float*>(lse_part), pl.splits, parts),
+                   "decode_combine_kernel launch");
     });
-    check_cuda(cudaGetLastError(), "decode_combine_kernel launch");
   }
 }
 

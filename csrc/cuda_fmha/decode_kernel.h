@@ -528,6 +528,7 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
+  grid_launch_dependents();  // the split combine's blocks may be placed now (decode.cu)
   if constexpr (K::kWide && FMHA_SKIP_WIDE_DECODE)
     __trap();
   else

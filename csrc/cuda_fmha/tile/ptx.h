@@ -41,6 +41,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Programmatic dependent launch (sm90+; no-ops before): a grid lets the next kernel of its
+// stream, if launched with programmatic stream serialization, place its blocks early, and
+// that kernel waits for the whole of the previous grid, its memory visible, before reading.
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // sm90 bulk reduction (the TMA unit adds a shared fp32 block into global memory, without
 // the issuing threads waiting on it), its completion groups, and the fence that makes plain
 // shared stores visible to it.
