@@ -143,13 +143,21 @@ void decode(const fmha_decode_params& p, void* stream) {
       FMHA_UNSUPPORTED("decode combine grid too large: %lld output rows (batch x heads x seqlen_q, or heads x total_q)",
                        (long long)rows);
     const int parts = decode_combine_parts(pl.splits);
-    const bool dependent = !quant && p.block_table == nullptr && device_cc_major() >= 9;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3((unsigned)grid_size(rows * parts, kCombineWarps));
+    cfg.blockDim = dim3(32 * kCombineWarps);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = !quant && p.block_table == nullptr && device_cc_major() >= 9 ? 1 : 0;
     with_types(p, [&](auto types) {
       using T = typename decltype(types)::T;
       if constexpr (!std::is_same_v<T, float>)
-        launch_kernel(decode_combine_kernel<T>, dim3((unsigned)grid_size(rows * parts, kCombineWarps)),
-                      dim3(32 * kCombineWarps), 0, s, dependent, "decode_combine_kernel launch", p,
-                      static_cast<const float*>(o_part), static_cast<const float*>(lse_part), pl.splits, parts);
+        check_cuda(cudaLaunchKernelEx(&cfg, decode_combine_kernel<T>, p, static_cast<const float*>(o_part),
+                                      static_cast<const float*>(lse_part), pl.splits, parts),
+                   "decode_combine_kernel launch");
     });
   }
 }

@@ -528,10 +528,7 @@ __device__ __forceinline__ void decode_block(const fmha_decode_params& p, float*
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, K::kMinBlocks)
     decode_kernel(const __grid_constant__ fmha_decode_params p, float* o_part, float* lse_part, int num_splits) {
-  // Launched as the stream's previous kernel's dependent (run_decode): nothing global is
-  // read or written before that kernel is done.  The split combine may be placed at once.
-  grid_dependency_wait();
-  grid_launch_dependents();
+  grid_launch_dependents();  // the split combine's blocks may be placed now (decode.cu)
   if constexpr (K::kWide && FMHA_SKIP_WIDE_DECODE)
     __trap();
   else
@@ -551,8 +548,8 @@ void run_decode(const fmha_decode_params& p, int num_splits, float* o_part, floa
   const dim3 grid(num_splits * DecodeWork::m_tiles(p, Traits::kRows), p.num_heads_k, p.batch);
   auto kernel = decode_kernel<Traits>;
   set_max_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-  launch_kernel(kernel, grid, dim3(Traits::kThreads), Traits::kSmemBytes, stream, device_cc_major() >= 9,
-                "decode_kernel launch", p, o_part, lse_part, num_splits);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, o_part, lse_part, num_splits);
+  check_cuda(cudaGetLastError(), "decode_kernel launch");
 }
 
 }  // namespace cuda

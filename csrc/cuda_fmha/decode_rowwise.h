@@ -26,8 +26,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     decode_combine_kernel(const __grid_constant__ fmha_decode_params p, const float* o_part, const float* lse_part,
                           int splits, int parts) {
   __shared__ __align__(16) float red[kCombineWarps][FMHA_MAX_HEAD_DIM];
-  grid_launch_dependents();  // the next call's decode kernel may be placed (it waits for this one)
-  grid_dependency_wait();    // the decode kernel's partials, when launched as its dependent
+  grid_dependency_wait();  // the decode kernel's partials, when launched as its dependent
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % parts;
   const int64_t row = (int64_t)blockIdx.x * (kCombineWarps / parts) + warp / parts;
   DecodeRow w;  // rows no sequence owns (packed queries) are skipped

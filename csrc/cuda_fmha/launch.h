@@ -35,26 +35,6 @@ int wave_slots(const void* kernel, int threads, int smem_bytes);
 // and head_dim, a multiple of 16 bytes: the tensor-core kernels move 16-byte rows.
 void check_vector_layout(const fmha_tensor& t, const char* name, int head_dim, int elem_bytes);
 
-// kernel<<<grid, block, smem, stream>>>(args...), checked.  With `dependent` (sm90+ only) it
-// launches as a programmatic dependent of the stream's previous kernel: its blocks may be
-// placed once that kernel's blocks have all called grid_launch_dependents() (tile/ptx.h),
-// and it must call grid_dependency_wait() before it touches memory that kernel may write.
-template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool dependent,
-                   const char* what, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...), what);
-}
-
 template <class Traits>
 void run_fwd(const fmha_fwd_params& p, cudaStream_t stream);
 
