@@ -136,7 +136,7 @@ void decode(const fmha_decode_params& p, void* stream) {
   // while they stream and start as the last one ends.  Graph timing on one H100 (2026-12-07,
   // tools/tune/decode_graph_ab.py): B = 1, L = 8k 18.8 -> 18.0 us, 32k 51.5 -> 51.2, level
   // elsewhere; behind the paged and 8-bit kernels (two or three CTAs per SM, or one of 12
-  // warps) it was 0.3-1 us slower at B = 1, so they keep the plain launch.
+  // warps) it was 0.3-1.1 us slower at B = 1, so they keep the plain launch.
   if (pl.splits > 1) {
     const int64_t rows = decode_partial_rows(p);
     if (rows > INT32_MAX)
