@@ -13,8 +13,8 @@ import torch
 
 import fmha
 from fmha import _C
-from conftest import (GRAD_TOL, OUT_TOL, assert_close, check_backward, flash_call, kernels_launched, leaf, op_call,
-                      poison_memory, poisoned_outputs, randn, varlen_call)
+from conftest import (GRAD_TOL, OUT_TOL, assert_close, assert_lse_close, check_backward, flash_call, kernels_launched,
+                      leaf, op_call, poison_memory, poisoned_outputs, randn, varlen_call)
 from reference import attention_ref, attention_ref_grads
 
 
@@ -142,6 +142,40 @@ def test_cuda_sm90_long_tiles_window():
     ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), **kw)
     assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
     assert_close(lse, ref_lse, 1e-4, "lse")
+
+
+# Under a causal mask a consumer's 64 rows may end a key block or more before its tile's
+# (fwd_sm90_kernel.h, kSkipBlocks): it skips the tile's leading blocks.  Square masks at every
+# head dim (4200: D = 64's 192-row tiles, D = 256's 80-key blocks; 1000: D = 256's 64-key and
+# D = 192's 96-key blocks), more queries than keys (the top rows see no key, whole consumers
+# none), and varlen sequences with an empty one, whose diagonals sit at other offsets in their
+# tiles; outputs poisoned.
+CAUSAL_FIRST_BLOCKS = {"square": (1000, 1000), "square_long": (4200, 4200), "more_queries": (700, 300)}
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("case", list(CAUSAL_FIRST_BLOCKS) + ["varlen"])
+def test_cuda_sm90_forward_causal_first_blocks(case, d):
+    if case == "varlen":
+        lens = [300, 0, 1200, 130, 777]
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+        q, k, v = (torch.randn(cu[-1].item(), 4, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        call = varlen_call(cu, cu, max(lens), max(lens), causal=True)
+        with poisoned_outputs():
+            (out, lse), names = kernels_launched(lambda: call(q, k, v))
+        ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    else:
+        sq, sk = CAUSAL_FIRST_BLOCKS[case]
+        q = torch.randn(1, sq, 2, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, sk, 2, d, device="cuda", dtype=torch.bfloat16)
+        with poisoned_outputs():
+            (out, lse), names = kernels_launched(
+                lambda: fmha.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2])
+        ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=True)
+    assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_lse_close(lse, ref_lse, 1e-4)
 
 
 # Row maxima that rise from key block to key block (kLazyRescale, fwd_sm90_kernel.h): O and l

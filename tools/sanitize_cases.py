@@ -93,6 +93,10 @@ def main():
     run(1, 200, 8300, 2, 2, 128)  # D = 128 past 8192 keys
     run(1, 250, 8300, 4, 2, 64, softcap=10.0)  # D = 64's 192-row tiles (three consumers)
     run(1, 200, 1100, 2, 2, 256)  # D = 256's 80-key blocks (at least 1024 keys)
+    # Square causal masks: consumers that skip a tile's leading key blocks (D = 64's 192-row
+    # tiles, D = 256's 64-key blocks).
+    run(1, 4200, 4200, 2, 2, 64, causal=True)
+    run(1, 700, 700, 2, 2, 256, causal=True)
     # D = 128's 128-key blocks with O staged in a buffer of its own: more pairs of tiles than
     # multiprocessors, so that a CTA reuses the buffer while the next Q loads.
     with torch.no_grad():
