@@ -67,6 +67,9 @@ struct TrainShape {
     pr.window_left = -1;
     pr.window_right = causal ? 0 : -1;
     pr.mask_align = FMHA_ALIGN_BOTTOM_RIGHT;
+#if defined(TUNE_SOFTCAP)
+    pr.softcap = TUNE_SOFTCAP;  // e.g. -DTUNE_SOFTCAP=50.f: tune_sm90.cu then times the score-mod instances
+#endif
     return pr;
   }
   // A (B, S, H, D) tensor of the shape's tokens.

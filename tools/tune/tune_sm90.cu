@@ -11,6 +11,8 @@
 // <tree>/csrc/cuda_fmha/tma.cu) and run alternately, it compares them kernel to kernel.
 // -DTUNE_CHECKSUM adds a line per shape with a hash of O's bits (after the timed runs), so
 // that two trees whose kernels must compute the same values can be compared bitwise.
+// -DTUNE_SOFTCAP=<v> (with -DTUNE_DISPATCHED) gives the problems that softcap and times the
+// score-mod instances the library dispatches for it.
 // -DTUNE_FP8 times the fp8 (e4m3) forward instead, as a call runs it: the V^T pass
 // (fp8_v_transpose; add csrc/cuda_fmha/fwd_fp8.cu to the build) and the kernel together,
 // its candidates 128- and 192-key blocks at D = 64/128.
@@ -93,10 +95,15 @@ void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
   else
     fwd<FwdSm90Fp8Config<D, false>>(tag, s, buf);
 #else
+#if defined(TUNE_SOFTCAP)
+  constexpr bool kScoreMod = true;  // the instances dispatch.cu picks for softcap (or ALiBi)
+#else
+  constexpr bool kScoreMod = false;
+#endif
   if (kFwdSm90HasLong<D> && (s.causal ? s.S / 2 : s.S) >= FwdSm90Tile<D>::kLongKeys)
-    fwd<FwdSm90Config<T, D, false, true>>(tag, s, buf);
+    fwd<FwdSm90Config<T, D, kScoreMod, true>>(tag, s, buf);
   else
-    fwd<FwdSm90Config<T, D, false, false>>(tag, s, buf);
+    fwd<FwdSm90Config<T, D, kScoreMod, false>>(tag, s, buf);
 #endif
 }
 
