@@ -54,6 +54,13 @@ struct MaskGeometry {
     const int64_t e = (int64_t)i1 - 1 + d_max + 1;
     return e < 0 ? 0 : e > seqlen_k ? seqlen_k : (int32_t)e;
   }
+  // Key blocks of block_n keys, counted down from the one that ends at key n_end * block_n,
+  // that none of the queries below i1 sees: under a causal mask the leading blocks of a tile
+  // that a warpgroup of its first rows may skip (fwd_sm90_kernel.h, kSkipBlocks).
+  FMHA_HOST_DEVICE int32_t blocks_unseen(int32_t i1, int32_t n_end, int32_t block_n) const {
+    const int32_t unseen = n_end - (key_end(i1) + block_n - 1) / block_n;
+    return unseen > 0 ? unseen : 0;
+  }
   // Queries [query_begin, query_end) that see any of the keys [j0, j1) (j0 < j1).
   FMHA_HOST_DEVICE int32_t query_begin(int32_t j0) const {
     const int64_t b = (int64_t)j0 - d_max;

@@ -566,8 +566,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         // per-thread value the K descriptors would move to vector registers (3x the R2URs).
         int first = 0;
         if constexpr (K::kSkipBlocks) {
-          const int c_end = w.geom.key_end(wm1);  // keys this consumer's rows see end here
-          first = __shfl_sync(~0u, min(max(w.n_end - (c_end + kBlockN - 1) / kBlockN, 0), n_blocks - 1), 0);
+          first = __shfl_sync(~0u, min(w.geom.blocks_unseen(wm1, w.n_end, kBlockN), n_blocks - 1), 0);
 #pragma unroll 1
           for (int i = 0; i < first; ++i) {
             wait_full(full_k, i);

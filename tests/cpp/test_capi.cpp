@@ -531,6 +531,53 @@ void test_mask_row_interval() {
   EXPECT(cases > 10000, "only %d cases", cases);
 }
 
+// The leading key blocks a warpgroup of the sm_90a forward skips (MaskGeometry::blocks_unseen,
+// fwd_sm90_kernel.h's kSkipBlocks), with the kernel's tiles (FwdTileWork: rows [m0, m1) of
+// 128 or 192, key blocks counted down from n_end) and its 64-row warpgroups: no row of the
+// warpgroup sees a key of a skipped block, over both alignments, windows, more queries than
+// keys and the other way round; and under a plain causal mask the count is exact (the first
+// block kept holds a key that one of the rows sees).
+void test_mask_blocks_unseen() {
+  int skipped = 0, cases = 0;
+  for (int sq : {1, 63, 64, 200, 450})
+    for (int sk : {1, 70, 200, 450})
+      for (int wl : {-1, 0, 100})
+        for (int wr : {-1, 0, 30})
+          for (bool top_left : {false, true}) {
+            const fmha::MaskGeometry g = fmha::MaskGeometry::make(sq, sk, wl, wr, top_left);
+            for (int bm : {128, 192})
+              for (int bn : {64, 80, 96, 112, 128}) {
+                if (bn >= bm) continue;
+                for (int m0 = 0; m0 < sq; m0 += bm) {
+                  const int m1 = std::min(m0 + bm, sq);
+                  const int n_end = (g.key_end(m1) + bn - 1) / bn;
+                  const int n_blocks = std::max(n_end - g.key_begin(m0) / bn, 0);
+                  if (n_blocks == 0) continue;
+                  for (int wm0 = m0; wm0 < m0 + bm; wm0 += 64) {
+                    const int wm1 = std::max(std::min(wm0 + 64, m1), wm0 + 1);
+                    const int first = std::min(g.blocks_unseen(wm1, n_end, bn), n_blocks - 1);
+                    ++cases;
+                    for (int i = 0; i < first; ++i, ++skipped)
+                      for (int r = wm0; r < std::min(wm0 + 64, m1); ++r)
+                        for (int j = (n_end - 1 - i) * bn; j < std::min((n_end - i) * bn, sk); ++j)
+                          EXPECT(!g.visible(r, j), "sq=%d sk=%d window=(%d,%d) %s tile %dx%d rows [%d, %d): "
+                                 "skipped block %d holds key %d, seen by row %d", sq, sk, wl, wr,
+                                 top_left ? "top-left" : "bottom-right", bm, bn, wm0, wm1, i, j, r);
+                    if (wl < 0 && wr == 0 && wm0 < m1 && first < n_blocks - 1) {
+                      bool seen = false;
+                      for (int r = wm0; r < std::min(wm0 + 64, m1); ++r)
+                        for (int j = (n_end - 1 - first) * bn; j < std::min((n_end - first) * bn, sk); ++j)
+                          seen = seen || g.visible(r, j);
+                      EXPECT(seen, "sq=%d sk=%d causal %s tile %dx%d rows [%d, %d): block %d kept but unseen", sq, sk,
+                             top_left ? "top-left" : "bottom-right", bm, bn, wm0, wm1, first);
+                    }
+                  }
+                }
+              }
+          }
+  EXPECT(cases > 1000 && skipped > 100, "only %d warpgroup tiles, %d skipped blocks", cases, skipped);
+}
+
 // The persistent sm_90a forward's tile order (csrc/cuda_fmha/tile_order.h): CTA c of G takes
 // the units of tiles u = c, c + G, ... (pairs, tiles 2u and 2u + 1, or single tiles u;
 // t = p + blocks * (h + heads * b), query block p from the outside in), walked by a counter
@@ -624,6 +671,7 @@ void test_wave_block_order() {
 
 int main() {
   test_mask_row_interval();
+  test_mask_blocks_unseen();
   test_tile_order();
   test_wave_block_order();
   test_decode_plan();
