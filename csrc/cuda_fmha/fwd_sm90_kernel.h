@@ -48,6 +48,7 @@ namespace cuda {
 struct FwdSm90Maps {
   CUtensorMap q, k, v;
   FwdSm90Pages pages;
+  int unit;  // tiles a CTA takes at a time (tile_order_unit)
 };
 
 // How O leaves a tile (FwdSm90Traits::kOStore).
@@ -318,8 +319,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
-  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch,
-                        tile_order_unit(pr, K::kUnmaskedUnit));
+  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch, maps.unit);
   const int group = pr.num_heads_q / pr.num_heads_k;
 
   extern __shared__ char smem_raw[];
@@ -772,8 +772,9 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
   };
   if (!encode(&maps.q, p.q, rows_q, pr.num_heads_q, K::kBlockM / K::kQParts) || !encode_kv(&maps.k, p.k) || !encode_v(&maps.v))
     return false;
-  const int64_t ctas = tile_order_ctas((pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, pr.num_heads_q, pr.batch, varlen,
-                                       tile_order_unit(pr, K::kUnmaskedUnit), device_sm_count());
+  const int64_t blocks_q = (pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, sms = device_sm_count();
+  maps.unit = tile_order_unit(pr, K::kUnmaskedUnit, blocks_q * pr.num_heads_q * pr.batch, sms);
+  const int64_t ctas = tile_order_ctas(blocks_q, pr.num_heads_q, pr.batch, varlen, maps.unit, sms);
   if (ctas == 0) return true;
   const dim3 grid((unsigned)ctas);
   auto kernel = fwd_sm90_kernel<K>;

@@ -19,12 +19,20 @@
 namespace fmha {
 namespace cuda {
 
-// Tiles a CTA takes as one unit: a pair from both ends of a head where a mask makes their
-// costs differ, and with varlen, which launches one CTA per unit; otherwise the kernel's
-// choice, `unmasked` (FwdSm90Traits::kUnmaskedUnit: one tile, so that the CTAs' current
-// tiles span half as many heads, or two).
-FMHA_HOST_DEVICE int tile_order_unit(const fmha_problem& pr, int unmasked) {
-  return pr.window_left >= 0 || pr.window_right >= 0 || pr.cu_seqlens_q != nullptr ? 2 : unmasked;
+// Tiles a CTA takes as one unit (chosen on the host, FwdSm90Maps::unit): a pair from both
+// ends of a head where a mask makes their costs differ, and with varlen, which launches one
+// CTA per unit; otherwise the kernel's choice, `unmasked` (FwdSm90Traits::kUnmaskedUnit: one
+// tile, so that the CTAs' current tiles span half as many heads, or two), except where the
+// tiles cost alike (no mask, fixed lengths, no seqused_k) and pairs would give the busiest of
+// the sm_count CTAs more tiles than single ones: 2752 tiles (D = 64, S = 8k, 32 heads, batch
+// 2) over 132 CTAs are 22 in pairs, 21 one at a time, and under Nsight Compute the SMs idled
+// 6.5% of the pairs' time (docs/tuning.md).
+FMHA_HOST_DEVICE int tile_order_unit(const fmha_problem& pr, int unmasked, int64_t tiles, int64_t sm_count) {
+  if (pr.window_left >= 0 || pr.window_right >= 0 || pr.cu_seqlens_q != nullptr) return 2;
+  if (unmasked == 1 || pr.seqused_k != nullptr || tiles <= 0 || sm_count <= 0) return unmasked;
+  const int64_t pairs = (tiles + 1) / 2, ctas2 = pairs < sm_count ? pairs : sm_count,
+                ctas1 = tiles < sm_count ? tiles : sm_count;
+  return (tiles + ctas1 - 1) / ctas1 < 2 * ((pairs + ctas2 - 1) / ctas2) ? 1 : 2;
 }
 
 struct TileOrder {

@@ -615,16 +615,31 @@ void test_tile_order() {
   EXPECT(grids == 432, "%d grids", grids);
   fmha_problem pr{};
   pr.window_left = pr.window_right = -1;
-  EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 1 && fmha::cuda::tile_order_unit(pr, 2) == 2, "unmasked: the kernel's unit");
+  // 4096 tiles over 132 CTAs: 32 at most either way, so the kernel's unit; 2752 (D = 64's
+  // 192-row tiles at S = 8k, 32 heads, batch 2): 22 in pairs, 21 one at a time.
+  EXPECT(fmha::cuda::tile_order_unit(pr, 1, 4096, 132) == 1 && fmha::cuda::tile_order_unit(pr, 2, 4096, 132) == 2,
+         "unmasked: the kernel's unit");
+  EXPECT(fmha::cuda::tile_order_unit(pr, 2, 2752, 132) == 1, "unmasked, pairs a tile longer: single tiles");
+  for (int64_t tiles : {1, 2, 3, 131, 132, 133, 264, 265, 300, 2752, 4096, 100000}) {  // never more on a CTA
+    const int unit = fmha::cuda::tile_order_unit(pr, 2, tiles, 132);
+    const int64_t units = (tiles + unit - 1) / unit, ctas = std::min<int64_t>(units, 132);
+    const int64_t most = unit * ((units + ctas - 1) / ctas), singles = (tiles + std::min<int64_t>(tiles, 132) - 1) / std::min<int64_t>(tiles, 132);
+    EXPECT(most <= singles + (tiles % 2 == 1 && unit == 2), "%lld tiles: unit %d, %lld on a CTA against %lld",
+           (long long)tiles, unit, (long long)most, (long long)singles);
+  }
   int32_t cu[2] = {0, 1};
   for (int w : {0, 1}) {
     pr.window_right = w == 0 ? 0 : -1;  // causal, or a left window
     pr.window_left = w == 0 ? -1 : 4;
-    EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 2, "masked (window %d, %d): pairs", pr.window_left, pr.window_right);
+    EXPECT(fmha::cuda::tile_order_unit(pr, 1, 2752, 132) == 2, "masked (window %d, %d): pairs", pr.window_left,
+           pr.window_right);
   }
   pr.window_left = pr.window_right = -1;
+  pr.seqused_k = cu;
+  EXPECT(fmha::cuda::tile_order_unit(pr, 2, 2752, 132) == 2, "seqused_k: the kernel's unit");
+  pr.seqused_k = nullptr;
   pr.cu_seqlens_q = cu;
-  EXPECT(fmha::cuda::tile_order_unit(pr, 1) == 2, "varlen: pairs");
+  EXPECT(fmha::cuda::tile_order_unit(pr, 1, 2752, 132) == 2, "varlen: pairs");
   pr.cu_seqlens_q = nullptr;
 }
 
