@@ -319,7 +319,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
-  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch, maps.unit);
+  const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch, maps.unit,
+                        tile_order_sorted_tail(pr));
   const int group = pr.num_heads_q / pr.num_heads_k;
 
   extern __shared__ char smem_raw[];
@@ -371,7 +372,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       prefetch_tensormap(&maps.v);
     }
     int it = 0, q_phase = 0;
-    order.for_each(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {
+    order.for_each_two_loops(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {  // in 24 registers
       const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
       if (!w.has_rows()) return;
       // Map coordinates: varlen maps span the packed rows of one "batch".
@@ -774,7 +775,9 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
     return false;
   const int64_t blocks_q = (pr.seqlen_q + K::kBlockM - 1) / K::kBlockM, sms = device_sm_count();
   maps.unit = tile_order_unit(pr, K::kUnmaskedUnit, blocks_q * pr.num_heads_q * pr.batch, sms);
-  const int64_t ctas = tile_order_ctas(blocks_q, pr.num_heads_q, pr.batch, varlen, maps.unit, sms);
+  // The sorted tail's single tiles can keep a CTA per SM where pairs would not fill them.
+  const int64_t ctas = tile_order_ctas(blocks_q, pr.num_heads_q, pr.batch, varlen,
+                                       tile_order_sorted_tail(pr) ? 1 : maps.unit, sms);
   if (ctas == 0) return true;
   const dim3 grid((unsigned)ctas);
   auto kernel = fwd_sm90_kernel<K>;

@@ -582,7 +582,8 @@ void test_mask_blocks_unseen() {
 // the units of tiles u = c, c + G, ... (pairs, tiles 2u and 2u + 1, or single tiles u;
 // t = p + blocks * (h + heads * b), query block p from the outside in), walked by a counter
 // without divisions.  Against that definition written with divisions, and every tile
-// exactly once over the CTAs; and pairs wherever a mask or varlen needs them.
+// exactly once over the CTAs; the same from two loops (for_each_two_loops); and pairs wherever a
+// mask or varlen needs them.
 void test_tile_order() {
   int grids = 0;
   for (int blocks : {1, 2, 3, 11, 16, 22})
@@ -604,6 +605,12 @@ void test_tile_order() {
                 }
               EXPECT(got == want, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: %zu tiles, %zu expected", blocks,
                      heads, batch, unit, c, ctas, got.size(), want.size());
+              std::vector<int64_t> indexed;
+              order.for_each_two_loops(c, ctas, [&](int m, int h, int b) {
+                indexed.push_back(((int64_t)b * heads + h) * blocks + m);
+              });
+              EXPECT(indexed == got, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: two loops %zu tiles, %zu",
+                     blocks, heads, batch, unit, c, ctas, indexed.size(), got.size());
               for (int64_t t : got)
                 if (t >= 0 && t < (int64_t)seen.size()) ++seen[t];
             }
@@ -613,6 +620,80 @@ void test_tile_order() {
             ++grids;
           }
   EXPECT(grids == 432, "%d grids", grids);
+  // The sorted tail (causal, fixed lengths): every tile once; against its definition written
+  // out (pairs (last - j, j) of heads < H_t in turn, then the tail's tiles by query block from
+  // the last down, the middle block with every head, across the CTAs forward and back); and
+  // by the key blocks' count (a 128-key block costs 1, a tile 1 more) the busiest CTA never
+  // more than 1% above the pairs' to the end, below it at the training table's shapes.
+  auto busiest = [](const fmha::cuda::TileOrder& order, uint32_t ctas, int bm, int sq) {
+    double most = 0;
+    for (uint32_t c = 0; c < ctas; ++c) {
+      double sum = 0;
+      order.for_each(c, ctas, [&](int m, int, int) { sum += 1 + (std::min((m + 1) * bm, sq) + 127) / 128; });
+      most = std::max(most, sum);
+    }
+    return most;
+  };
+  int tail_grids = 0;
+  for (int blocks : {1, 2, 3, 4, 7, 16, 43})
+    for (int heads : {1, 3, 32})
+      for (int batch : {1, 2, 5})
+        for (uint32_t ctas : {1u, 7u, 132u, 1000u}) {
+          const int64_t tiles = (int64_t)blocks * heads * batch;
+          const uint32_t grid = (uint32_t)std::min<int64_t>(ctas, tiles);
+          const fmha::cuda::TileOrder order(blocks, heads, batch, 2, true);
+          const int half = blocks / 2, all = heads * batch;
+          const int64_t rounds = (tiles + 1) / 2 / grid;
+          const int64_t ht = half == 0 || rounds <= 2 ? 0 : std::min<int64_t>(all, (rounds - 2) * grid / half);
+          std::vector<std::vector<int64_t>> want(grid);
+          for (int64_t u = 0; u < ht * half; ++u) {
+            const int64_t head = u / half, j = u % half;
+            want[u % grid].push_back(head * blocks + blocks - 1 - j);
+            want[u % grid].push_back(head * blocks + j);
+          }
+          std::vector<int64_t> tail;
+          for (int level = blocks - 1; level >= 0; --level)
+            for (int64_t head = level == half && blocks % 2 == 1 ? 0 : ht; head < all; ++head)
+              tail.push_back(head * blocks + level);
+          for (size_t k = 0; k < tail.size(); ++k) {
+            const uint32_t r = (uint32_t)(k / grid), pos = (uint32_t)(k % grid);
+            want[(ht * half + (r % 2 == 0 ? pos : grid - 1 - pos)) % grid].push_back(tail[k]);
+          }
+          std::vector<int> seen((size_t)tiles, 0);
+          for (uint32_t c = 0; c < grid; ++c) {
+            std::vector<int64_t> got;
+            order.for_each(c, grid, [&](int m, int h, int b) { got.push_back(((int64_t)b * heads + h) * blocks + m); });
+            EXPECT(got == want[c], "sorted tail: blocks=%d heads=%d batch=%d, CTA %u of %u: %zu tiles, %zu expected",
+                   blocks, heads, batch, c, grid, got.size(), want[c].size());
+            std::vector<int64_t> indexed;
+            order.for_each_two_loops(c, grid, [&](int m, int h, int b) { indexed.push_back(((int64_t)b * heads + h) * blocks + m); });
+            EXPECT(indexed == got, "sorted tail: blocks=%d heads=%d batch=%d, CTA %u of %u: two loops %zu tiles, %zu",
+                   blocks, heads, batch, c, grid, indexed.size(), got.size());
+            for (int64_t t : got)
+              if (t >= 0 && t < tiles) ++seen[t];
+          }
+          EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }),
+                 "sorted tail: blocks=%d heads=%d batch=%d over %u CTAs: not every tile once", blocks, heads, batch, grid);
+          ++tail_grids;
+        }
+  EXPECT(tail_grids == 252, "%d sorted-tail grids", tail_grids);
+  for (int sq : {300, 512, 777, 1024, 2048, 4096, 8192, 9000, 16384})
+    for (int bm : {128, 192})
+      for (int heads : {1, 4, 12, 32, 64, 256, 1024}) {
+        const int blocks = (sq + bm - 1) / bm;
+        const int64_t tiles = (int64_t)blocks * heads;
+        if (tiles > 150000) continue;
+        const double pairs = busiest(fmha::cuda::TileOrder(blocks, heads, 1, 2), (uint32_t)std::min<int64_t>((tiles + 1) / 2, 132), bm, sq);
+        const double sorted = busiest(fmha::cuda::TileOrder(blocks, heads, 1, 2, true), (uint32_t)std::min<int64_t>(tiles, 132), bm, sq);
+        EXPECT(sorted <= 1.01 * pairs, "sq=%d bm=%d heads=%d: sorted tail's busiest CTA %.0f against pairs' %.0f", sq, bm,
+               heads, sorted, pairs);
+        // D = 64 at 2k, 8k and 16k, D = 128 at 4k and 8k (heads x batch of 16k tokens)
+        const bool table = (bm == 128 && ((sq == 2048 && heads == 256) || (sq == 4096 && heads == 64) ||
+                                          (sq == 8192 && heads == 32))) ||
+                           (bm == 192 && ((sq == 8192 && heads == 64) || (sq == 16384 && heads == 32)));
+        if (table)
+          EXPECT(sorted < pairs, "sq=%d bm=%d heads=%d: sorted tail %.0f, pairs %.0f", sq, bm, heads, sorted, pairs);
+      }
   fmha_problem pr{};
   pr.window_left = pr.window_right = -1;
   // 4096 tiles over 132 CTAs: 32 at most either way, so the kernel's unit; 2752 (D = 64's
