@@ -178,6 +178,27 @@ def test_cuda_sm90_forward_causal_first_blocks(case, d):
     assert_lse_close(lse, ref_lse, 1e-4)
 
 
+# The sorted tail (tile_order.h) under a causal mask or a right-bounded window at fixed
+# lengths: 48 sequences of 16 query heads (GQA over 4) and 300 rows make 3 tiles a head (odd:
+# every head's middle tile goes to the tail) and 2304 tiles, 1152 pairs, so whole rounds of
+# pairs come first on any GPU of up to 384 SMs, then the tail, one tile at a time across the
+# CTAs.  More keys than queries for the window (its diagonal off the tiles' corners);
+# outputs poisoned.
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["causal", "window"])
+def test_cuda_sm90_forward_sorted_tail(mask, d):
+    sk = 300 if mask == "causal" else 333
+    q = torch.randn(48, 300, 16, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(48, sk, 4, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kw = dict(causal=True) if mask == "causal" else dict(window_size=(90, 7))
+    with poisoned_outputs():
+        (out, lse), names = kernels_launched(lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2])
+    assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
+    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), **kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_lse_close(lse, ref_lse, 1e-4)
+
+
 # Row maxima that rise from key block to key block (kLazyRescale, fwd_sm90_kernel.h): O and l
 # are rescaled only where a block's maximum passes the running one by more than 8 in log2
 # units, and P stays below 2^8 meanwhile.  Scores fall by `step` per key and the kernel walks

@@ -94,6 +94,11 @@ struct FwdSm90Traits {
   // D = 96 and 256, 1.03-1.07x and 1.00-1.10x non-causal against pairs; pairs elsewhere,
   // where single tiles ran 0.98-1.04x (D = 64, 128, 192 and fp8; one H100, docs/tuning.md).
   static constexpr int kUnmaskedUnit = !kFp8 && (kHeadDim == 96 || kHeadDim == 256) ? 1 : 2;
+  // The sorted tail under a causal mask (tile_order.h) at D = 64's 192-row tiles: 1.03-1.08x
+  // causal at S = 4k-16k, unmasked calls level; at the 128-row tiles it ran 0.73-1.01x causal
+  // (D = 256 at S = 512-2k 0.73-0.83x: the tail's single tiles from many heads; one H100,
+  // docs/tuning.md).
+  static constexpr bool kSortedTail = !kFp8 && kBlockM == 192;
   // Shared memory: Q | K ring | V ring | [O] | mbarriers; every tile starts on a 1024-byte
   // line, the period of the 128-byte swizzle.
   static constexpr int kOffK = TileQ::kBytes;
@@ -320,7 +325,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   constexpr int kNT = K::kNT, kDT = K::kDT, kHeadDim = K::kHeadDim;
   const fmha_problem& pr = p.problem;
   const TileOrder order((pr.seqlen_q + kBlockM - 1) / kBlockM, pr.num_heads_q, pr.batch, maps.unit,
-                        tile_order_sorted_tail(pr));
+                        K::kSortedTail && tile_order_sorted_tail(pr));
   const int group = pr.num_heads_q / pr.num_heads_k;
 
   extern __shared__ char smem_raw[];
@@ -372,7 +377,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       prefetch_tensormap(&maps.v);
     }
     int it = 0, q_phase = 0;
-    order.for_each_two_loops(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {  // in 24 registers
+    auto produce = [&](int m_block, int h, int b) {
       const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
       if (!w.has_rows()) return;
       // Map coordinates: varlen maps span the packed rows of one "batch".
@@ -431,7 +436,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       if (w.n_blocks > 0) load(sV, &maps.v, full_v, empty_v, w.n_blocks - 1, page);
       it += w.n_blocks;
       q_phase ^= 1;
-    });
+    };
+    // With the sorted tail the producer walks the order in two loops (its registers hold
+    // only that form, TileOrder::for_each_two_loops); the consumers in one.
+    if constexpr (K::kSortedTail)
+      order.for_each_two_loops(blockIdx.x, gridDim.x, produce);
+    else
+      order.for_each(blockIdx.x, gridDim.x, produce);
     return;
   }
 
@@ -463,7 +474,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (K::kPingPong && cw == K::kConsumers - 1) named_barrier_arrive(kBarTurn, 256);
   int it = 0, q_phase = 0;
 
-  order.for_each(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {
+  order.for_each<K::kSortedTail>(blockIdx.x, gridDim.x, [&](int m_block, int h, int b) {
     const FwdTileWork w(pr, m_block, h, b, kBlockM, kBlockN, group);
     if (!w.has_rows()) return;
     const int m0 = w.m0, m1 = w.m1, n_blocks = w.n_blocks;
@@ -777,7 +788,7 @@ bool run_fwd_sm90(const fmha_fwd_params& p, cudaStream_t stream, const FwdSm90Pa
   maps.unit = tile_order_unit(pr, K::kUnmaskedUnit, blocks_q * pr.num_heads_q * pr.batch, sms);
   // The sorted tail's single tiles can keep a CTA per SM where pairs would not fill them.
   const int64_t ctas = tile_order_ctas(blocks_q, pr.num_heads_q, pr.batch, varlen,
-                                       tile_order_sorted_tail(pr) ? 1 : maps.unit, sms);
+                                       K::kSortedTail && tile_order_sorted_tail(pr) ? 1 : maps.unit, sms);
   if (ctas == 0) return true;
   const dim3 grid((unsigned)ctas);
   auto kernel = fwd_sm90_kernel<K>;

@@ -50,124 +50,91 @@ struct TileOrder {
         sorted_tail(sorted_tail_ && unit_ == 2 && tiles < (int64_t)1 << 32) {}  // the tail counts in 32 bits
 
   // Calls f(block, head, b) for each tile of CTA `cta` of `ctas` (blockIdx.x, gridDim.x), in
-  // order.  Without the sorted tail: the units of all tiles, in turn.  With it (pairs whose
-  // costs a causal mask sets): first the pairs (last - j, j) within whole heads, in turn, for
-  // all but about the last two rounds of the CTAs' units; then the tail: the other heads'
-  // tiles and the middle tile of every head where the blocks are odd, one at a time, by
-  // query block from the last down (the longest first), across the CTAs forward and back in
-  // turn, so that the CTAs' tails add up to about the same work and end on short tiles.
-  // Pairs in turn to the end leave a last round that only some CTAs take (2048 pairs over
-  // 132 CTAs: 16 against an average of 15.5), and where the blocks are odd, pairs that cross
-  // heads (a middle tile with a last one) land unevenly: D = 64's 192-row tiles at S = 8k,
-  // 43 a head, leave the SMs 8.4% of the time idle by the key blocks' count, the tail 1.0%
-  // (tests/cpp/test_capi.cpp counts the training table's shapes).
-  template <class F>
+  // order: the units of all tiles, in turn (walk).  With kSorted and the sorted tail (pairs
+  // whose costs a causal mask sets), first the pairs (last - j, j) within whole heads, in
+  // turn, for all but about the last two rounds of the CTAs' units; then the tail: the other
+  // heads' tiles and the middle tile of every head where the blocks are odd, one at a time,
+  // by query block from the last down (the longest first), across the CTAs forward and back
+  // in turn, so that the CTAs' tails add up to about the same work and end on short tiles.
+  // Pairs in turn to the end leave a last round that only some CTAs take, and where the
+  // blocks are odd, pairs that cross heads (a middle tile with a last one) land unevenly:
+  // D = 64's 192-row tiles at S = 8k, 43 a head, leave the SMs 8.4% of the time idle by the
+  // key blocks' count, the tail 1.0% (tests/cpp/test_capi.cpp counts the training table's
+  // shapes).  The kernel takes it at D = 64's 192-row tiles (FwdSm90Traits::kSortedTail).
+  template <bool kSorted = false, class F>
   FMHA_HOST_DEVICE void for_each(uint32_t cta, uint32_t ctas, F&& f) const {
-    // The units in turn: tiles t < end, t = q + nb * (h + heads * b) with position q < nb
-    // of a head (nb: blocks, or with the sorted tail their even part), CTA `cta` taking
-    // units cta, cta + ctas, ...  From one unit to the CTA's next, t grows by unit * ctas,
-    // which this counter adds digit by digit with carries (the step's digits divided out
-    // once per CTA, in 32 bits: unit * ctas < 2^32).  Per tile there is no division; with two
-    // 64-bit divisions of t per tile, clock64 stamps on an H200 measured about 1,300 cycles
-    // between one tile's end and the next one's start.
-    const int nb = sorted_tail ? blocks / 2 * 2 : blocks;
-    const int64_t end = sorted_tail ? (int64_t)tail_first_head(ctas) * nb : tiles;
-    const uint32_t step = (uint32_t)unit * ctas, t0 = (uint32_t)unit * cta;
-    int step_p = 0, step_h = 0, p = 0, h = 0;
-    int64_t step_b = 0, b = 0;
-    if (t0 < end) {
-      step_p = (int)(step % nb), step_h = (int)(step / nb % heads), step_b = step / nb / heads;
-      p = (int)(t0 % nb), h = (int)(t0 / nb % heads), b = t0 / nb / heads;
-    }
-    // The sorted tail: position k = r * ctas + (r even ? pos : ctas - 1 - pos) in round r,
-    // pos counted from the CTA after the one with the last pair (tail_tile).  It keeps its
-    // state in the walk's variables, dead by then (a register more across f spills the
-    // producer, which runs at 24): t = end + k, p the step to the next k (2 * pos + 1 and
-    // 2 * (ctas - pos) - 1 in turn, summing to step = 2 * ctas), h the first tail head.  The
-    // CTA is t0 = 2 * cta modulo step: before the tail, t = t0 + a multiple of step.
-    int64_t t = t0, bb = b;
-    int i = 0, pp = p, hh = h;
-    auto enter_tail = [&] {
-      if (!sorted_tail) return;
-      const uint32_t first = nb == 0 ? 0 : (uint32_t)(end / nb), ctas_ = step / 2;
-      const uint32_t pos = tail_pos((uint32_t)((uint64_t)t % step) / 2, ctas_, first);
-      t = end + pos, p = (int)(step - 1 - 2 * pos), h = (int)first;
-    };
-    if (t >= end) enter_tail();
+    if constexpr (!kSorted) {
+      walk(cta, ctas, blocks, tiles, f);
+    } else {
+      // The walk's counter (below) and the tail in one loop, f's body once in the code.  The
+      // tail keeps its state in the walk's variables, dead by then (a register more across f
+      // spilled): t = end + k, with k = r * ctas + (r even ? pos : ctas - 1 - pos) the tail's
+      // position in round r (tail_pos), p the step to the next k (2 * pos + 1 and
+      // 2 * (ctas - pos) - 1 in turn, summing to step = 2 * ctas), h the first tail head.  The
+      // CTA is t0 = 2 * cta modulo step: before the tail, t = t0 + a multiple of step.
+      const int nb = sorted_tail ? blocks / 2 * 2 : blocks;
+      const int64_t end = sorted_tail ? (int64_t)tail_first_head(ctas) * nb : tiles;
+      const uint32_t step = (uint32_t)unit * ctas, t0 = (uint32_t)unit * cta;
+      int step_p = 0, step_h = 0, p = 0, h = 0;
+      int64_t step_b = 0, b = 0;
+      if (t0 < end) {
+        step_p = (int)(step % nb), step_h = (int)(step / nb % heads), step_b = step / nb / heads;
+        p = (int)(t0 % nb), h = (int)(t0 / nb % heads), b = t0 / nb / heads;
+      }
+      int64_t t = t0, bb = b;
+      int i = 0, pp = p, hh = h;
+      auto enter_tail = [&] {
+        if (!sorted_tail) return;
+        const uint32_t first = nb == 0 ? 0 : (uint32_t)(end / nb);
+        const uint32_t pos = tail_pos((uint32_t)((uint64_t)t % step) / 2, step / 2, first);
+        t = end + pos, p = (int)(step - 1 - 2 * pos), h = (int)first;
+      };
+      if (t >= end) enter_tail();
 #if FMHA_DEVICE_CODE
 #pragma unroll 1  // f's body once in the code
 #endif
-    for (;;) {
-      int level, head, batch;
-      if (t < end) {
-        level = block(pp), head = hh, batch = (int)bb;
-        if (++i < unit && t + i < end) {  // a pair's second tile
-          if (++pp == nb) {
-            pp = 0;
-            if (++hh == heads) hh = 0, ++bb;
+      for (;;) {
+        int level, head, batch;
+        if (t < end) {
+          level = block(pp), head = hh, batch = (int)bb;
+          if (++i < unit && t + i < end) {  // a pair's second tile
+            if (++pp == nb) {
+              pp = 0;
+              if (++hh == heads) hh = 0, ++bb;
+            }
+          } else {
+            i = 0;
+            t += step;
+            p += step_p;
+            const int carry_p = p >= nb;
+            p -= carry_p * nb;
+            h += step_h + carry_p;
+            const int carry_h = h >= heads;
+            h -= carry_h * heads;
+            b += step_b + carry_h;
+            pp = p, hh = h, bb = b;
+            if (t >= end) enter_tail();
           }
         } else {
-          i = 0;
-          t += step;
-          p += step_p;
-          const int carry_p = p >= nb;
-          p -= carry_p * nb;
-          h += step_h + carry_p;
-          const int carry_h = h >= heads;
-          h -= carry_h * heads;
-          b += step_b + carry_h;
-          pp = p, hh = h, bb = b;
-          if (t >= end) enter_tail();
+          if (!sorted_tail || !tail_tile((uint32_t)(t - end), (uint32_t)h, level, head, batch)) break;
+          t += p;
+          p = (int)step - p;
         }
-      } else {
-        if (!sorted_tail || !tail_tile((uint32_t)(t - end), (uint32_t)h, level, head, batch)) break;
-        t += p;
-        p = (int)step - p;
+        f(level, head, batch);
       }
-      f(level, head, batch);
     }
   }
 
-  // The same order with f called from two loops, the units' and the tail's, each keeping
-  // only its own state (f's body twice in the code).  The sm_90a forward's producer walks it:
-  // its one thread runs at 24 registers, and for_each's one loop with the sorted tail
-  // spilled it (about 370 B of stores at D = 64 and 128; this form 8 and 16 B, outside the
-  // key loop).  The consumers, whose bodies are large, keep for_each.  tests/cpp/test_capi.cpp
-  // checks that the two agree.
+  // for_each<true>'s order with f called from two loops, the walk's and the tail's, each
+  // keeping only its own state (f's body twice in the code): for the forward's producer, one
+  // thread at 24-32 registers, which the one loop spilled (about 370 B of stores).
+  // tests/cpp/test_capi.cpp checks that the two agree.
   template <class F>
   FMHA_HOST_DEVICE void for_each_two_loops(uint32_t cta, uint32_t ctas, F&& f) const {
-    const int nb = sorted_tail ? blocks / 2 * 2 : blocks;
-    const int64_t end = sorted_tail ? (int64_t)tail_first_head(ctas) * nb : tiles;
-    const uint32_t step = (uint32_t)unit * ctas, t0 = (uint32_t)unit * cta;
-    if (t0 < end) {
-      const int step_p = (int)(step % nb), step_h = (int)(step / nb % heads);
-      const int64_t step_b = step / nb / heads;
-      int p = (int)(t0 % nb), h = (int)(t0 / nb % heads);
-      int64_t b = t0 / nb / heads;
-      for (int64_t t = t0; t < end; t += step) {
-        int pp = p, hh = h;
-        int64_t bb = b;
-#if FMHA_DEVICE_CODE
-#pragma unroll 1
-#endif
-        for (int64_t tt = t; tt < t + unit && tt < end; ++tt) {
-          f(block(pp), hh, (int)bb);
-          if (++pp == nb) {
-            pp = 0;
-            if (++hh == heads) hh = 0, ++bb;
-          }
-        }
-        p += step_p;
-        const int carry_p = p >= nb;
-        p -= carry_p * nb;
-        h += step_h + carry_p;
-        const int carry_h = h >= heads;
-        h -= carry_h * heads;
-        b += step_b + carry_h;
-      }
-    }
+    const uint32_t first = sorted_tail ? tail_first_head(ctas) : 0;
+    walk(cta, ctas, sorted_tail ? blocks / 2 * 2 : blocks, sorted_tail ? (int64_t)first * (blocks / 2 * 2) : tiles, f);
     if (!sorted_tail) return;
-    const uint32_t first = tail_first_head(ctas), pos = tail_pos(cta, ctas, first);
+    const uint32_t pos = tail_pos(cta, ctas, first);
     int level, head, batch;
 #if FMHA_DEVICE_CODE
 #pragma unroll 1
@@ -177,6 +144,43 @@ struct TileOrder {
   }
 
  private:
+  // The units of tiles t < end in turn, t = q + nb * (h + heads * b) with position q < nb of
+  // a head (nb: blocks, or before the sorted tail their even part): CTA `cta` takes units
+  // cta, cta + ctas, ...; from one unit to the CTA's next, t grows by unit * ctas, which this
+  // counter adds digit by digit with carries (the step's digits divided out once per CTA, in
+  // 32 bits: unit * ctas < 2^32).  Per tile there is no division; with two 64-bit divisions
+  // of t per tile, clock64 stamps on an H200 measured about 1,300 cycles between one tile's
+  // end and the next one's start.
+  template <class F>
+  FMHA_HOST_DEVICE void walk(uint32_t cta, uint32_t ctas, int nb_, int64_t end, F&& f) const {
+    const uint32_t step = (uint32_t)unit * ctas, t0 = (uint32_t)unit * cta, nb = nb_, nh = heads;
+    if (t0 >= end) return;
+    const int step_p = (int)(step % nb), step_h = (int)(step / nb % nh);
+    const int64_t step_b = step / nb / nh;
+    int p = (int)(t0 % nb), h = (int)(t0 / nb % nh);
+    int64_t b = t0 / nb / nh;
+    for (int64_t t = t0; t < end; t += step) {
+      int pp = p, hh = h;
+      int64_t bb = b;
+#if FMHA_DEVICE_CODE
+#pragma unroll 1  // f's body once in the code
+#endif
+      for (int64_t tt = t; tt < t + unit && tt < end; ++tt) {  // the unit: t, and t + 1 in a pair
+        f(block(pp), hh, (int)bb);
+        if (++pp == nb_) {
+          pp = 0;
+          if (++hh == heads) hh = 0, ++bb;
+        }
+      }
+      p += step_p;
+      const int carry_p = p >= nb_;
+      p -= carry_p * nb_;
+      h += step_h + carry_p;
+      const int carry_h = h >= heads;
+      h -= carry_h * heads;
+      b += step_b + carry_h;
+    }
+  }
   FMHA_HOST_DEVICE int block(int q) const { return q % 2 == 0 ? blocks - 1 - q / 2 : q / 2; }  // from the outside in
   // Heads (sequence, head) whose pairs come before the sorted tail: whole heads for all but
   // about the last two rounds of the ctas CTAs' pairs.

@@ -605,10 +605,15 @@ void test_tile_order() {
                 }
               EXPECT(got == want, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: %zu tiles, %zu expected", blocks,
                      heads, batch, unit, c, ctas, got.size(), want.size());
-              std::vector<int64_t> indexed;
+              std::vector<int64_t> indexed, one_loop;
               order.for_each_two_loops(c, ctas, [&](int m, int h, int b) {
                 indexed.push_back(((int64_t)b * heads + h) * blocks + m);
               });
+              order.for_each<true>(c, ctas, [&](int m, int h, int b) {
+                one_loop.push_back(((int64_t)b * heads + h) * blocks + m);
+              });
+              EXPECT(one_loop == got, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: one loop %zu tiles, %zu",
+                     blocks, heads, batch, unit, c, ctas, one_loop.size(), got.size());
               EXPECT(indexed == got, "blocks=%d heads=%d batch=%d unit=%d, CTA %u of %u: two loops %zu tiles, %zu",
                      blocks, heads, batch, unit, c, ctas, indexed.size(), got.size());
               for (int64_t t : got)
@@ -629,7 +634,7 @@ void test_tile_order() {
     double most = 0;
     for (uint32_t c = 0; c < ctas; ++c) {
       double sum = 0;
-      order.for_each(c, ctas, [&](int m, int, int) { sum += 1 + (std::min((m + 1) * bm, sq) + 127) / 128; });
+      order.template for_each<true>(c, ctas, [&](int m, int, int) { sum += 1 + (std::min((m + 1) * bm, sq) + 127) / 128; });
       most = std::max(most, sum);
     }
     return most;
@@ -662,7 +667,7 @@ void test_tile_order() {
           std::vector<int> seen((size_t)tiles, 0);
           for (uint32_t c = 0; c < grid; ++c) {
             std::vector<int64_t> got;
-            order.for_each(c, grid, [&](int m, int h, int b) { got.push_back(((int64_t)b * heads + h) * blocks + m); });
+            order.for_each<true>(c, grid, [&](int m, int h, int b) { got.push_back(((int64_t)b * heads + h) * blocks + m); });
             EXPECT(got == want[c], "sorted tail: blocks=%d heads=%d batch=%d, CTA %u of %u: %zu tiles, %zu expected",
                    blocks, heads, batch, c, grid, got.size(), want[c].size());
             std::vector<int64_t> indexed;
