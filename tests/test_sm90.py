@@ -178,25 +178,30 @@ def test_cuda_sm90_forward_causal_first_blocks(case, d):
     assert_lse_close(lse, ref_lse, 1e-4)
 
 
-# The sorted tail (tile_order.h) under a causal mask or a right-bounded window at fixed
-# lengths: 48 sequences of 16 query heads (GQA over 4) and 300 rows make 3 tiles a head (odd:
-# every head's middle tile goes to the tail) and 2304 tiles, 1152 pairs, so whole rounds of
-# pairs come first on any GPU of up to 384 SMs, then the tail, one tile at a time across the
-# CTAs.  More keys than queries for the window (its diagonal off the tiles' corners);
-# outputs poisoned.
-@pytest.mark.parametrize("d", [64, 128])
+# The sorted tail (tile_order.h, FwdSm90Traits::kSortedTail) at D = 64's 192-row tiles,
+# under a causal mask or a right-bounded window: 2 sequences of 64 query heads (GQA over 8)
+# and 4400 rows make 23 tiles a head (odd: every head's middle tile goes to the tail) and 1472
+# pairs, so whole rounds of pairs come first on any GPU of up to 490 SMs, then the tail, one
+# tile at a time across the CTAs.  Outputs poisoned; every head against the mma.sync path,
+# the first and last heads of each sequence (pairs, tail) against the float64 reference.
 @pytest.mark.parametrize("mask", ["causal", "window"])
-def test_cuda_sm90_forward_sorted_tail(mask, d):
-    sk = 300 if mask == "causal" else 333
-    q = torch.randn(48, 300, 16, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(48, sk, 4, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kw = dict(causal=True) if mask == "causal" else dict(window_size=(90, 7))
+def test_cuda_sm90_forward_sorted_tail(mask):
+    q = torch.randn(2, 4400, 64, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4400, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kw = dict(causal=True) if mask == "causal" else dict(window_size=(3000, 5))
+    call = lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]  # noqa: E731
     with poisoned_outputs():
-        (out, lse), names = kernels_launched(lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2])
-    assert _ran_sm90(names), f"the sm_90a forward did not run: {sorted(names)}"
-    ref_out, ref_lse = attention_ref(q.cpu(), k.cpu(), v.cpu(), **kw)
-    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
-    assert_lse_close(lse, ref_lse, 1e-4)
+        (out, lse), names = kernels_launched(call)
+    assert any("fwd_sm90_kernel" in n and "64, 192, 128" in n for n in names), sorted(names)
+    (mma_out, mma_lse), _ = kernels_launched(call, force_mma_sync=True)
+    assert_close(out, mma_out, OUT_TOL[torch.bfloat16], "out against mma.sync")
+    assert_lse_close(lse, mma_lse, 1e-4)
+    heads = [0, 31, 63]
+    for b in range(2):
+        sub = lambda t, idx: t[b:b + 1, :, idx].cpu()  # noqa: E731
+        ref_out, ref_lse = attention_ref(sub(q, heads), sub(k, [h // 8 for h in heads]), sub(v, [h // 8 for h in heads]), **kw)
+        assert_close(out[b:b + 1, :, heads], ref_out, OUT_TOL[torch.bfloat16], f"out, sequence {b}")
+        assert_lse_close(lse[b:b + 1, heads], ref_lse, 1e-4)
 
 
 # Row maxima that rise from key block to key block (kLazyRescale, fwd_sm90_kernel.h): O and l

@@ -2,7 +2,8 @@
 // Tiles t = 0 .. blocks * heads * batch - 1 run sequence by sequence, head by head, and
 // within a head from the outside in (query blocks last, first, second-to-last, second, ...),
 // so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes units
-// u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit).  Fixed-length
+// u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit); at D = 64's 192-row
+// tiles under a causal mask the order ends in a sorted tail (TileOrder::for_each).  Fixed-length
 // problems launch one CTA per multiprocessor, so that a CTA's next tile starts loading while
 // its last one finishes; varlen ones, whose tiles differ, one CTA per unit (tile_order_ctas).
 // The backwards (sm_90a and mma.sync) keep one CTA per key block (a persistent backward
