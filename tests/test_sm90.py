@@ -179,16 +179,18 @@ def test_cuda_sm90_forward_causal_first_blocks(case, d):
 
 
 # The sorted tail (tile_order.h, FwdSm90Traits::kSortedTail) at D = 64's 192-row tiles,
-# under a causal mask or a right-bounded window: 2 sequences of 64 query heads (GQA over 8)
+# under a causal mask (also with softcap: the score-mod instance) or a right-bounded window:
+# 2 sequences of 64 query heads (GQA over 8)
 # and 4400 rows make 23 tiles a head (odd: every head's middle tile goes to the tail) and 1472
 # pairs, so whole rounds of pairs come first on any GPU of up to 490 SMs, then the tail, one
 # tile at a time across the CTAs.  Outputs poisoned; every head against the mma.sync path,
 # the first and last heads of each sequence (pairs, tail) against the float64 reference.
-@pytest.mark.parametrize("mask", ["causal", "window"])
+@pytest.mark.parametrize("mask", ["causal", "window", "causal_softcap"])
 def test_cuda_sm90_forward_sorted_tail(mask):
     q = torch.randn(2, 4400, 64, 64, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 4400, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kw = dict(causal=True) if mask == "causal" else dict(window_size=(3000, 5))
+    kw = {"causal": dict(causal=True), "window": dict(window_size=(3000, 5)),
+          "causal_softcap": dict(causal=True, softcap=20.0)}[mask]
     call = lambda: fmha.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]  # noqa: E731
     with poisoned_outputs():
         (out, lse), names = kernels_launched(call)

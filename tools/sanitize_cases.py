@@ -115,9 +115,10 @@ def main():
     run(1, 100, 700, 2, 2, 128, deterministic=True)  # six key blocks add each query block's dQ in turn
     run(96, 260, 260, 2, 1, 128, causal=True)  # 288 tiles: more than two per SM
     # D = 64's 192-row tiles under a causal mask: 23 a head over 36 heads, rounds of pairs, then
-    # the sorted tail (forward only)
+    # the sorted tail (forward only), plain and with softcap (the score-mod instance)
     q, k, v = (torch.randn(1, 4400, 36, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fmha.flash_attn_func(q, k, v, causal=True)
+    fmha.flash_attn_func(q, k, v, causal=True, softcap=20.0)
     # The sm_90a backward's runs by mask (kMaskRuns, D = 64): each key block's masked query
     # blocks first and last, unmasked ones between; D = 128 and 192 in one loop.
     run(1, 700, 1100, 4, 2, 64, window_size=(300, 100))

@@ -3,7 +3,7 @@
 // within a head from the outside in (query blocks last, first, second-to-last, second, ...),
 // so that a pair (2u, 2u + 1) costs about the same under a causal mask.  CTA c takes units
 // u = c, c + gridDim.x, ...: pairs, or single tiles (tile_order_unit); at D = 64's 192-row
-// tiles (no score mod) under a causal mask the order ends in a sorted tail (for_each).
+// tiles under a causal mask the order ends in a sorted tail (for_each).
 // Fixed-length problems launch one CTA per multiprocessor, so that a CTA's next tile starts
 // loading while its last one finishes; varlen ones, whose tiles differ, one CTA per unit
 // (tile_order_ctas).
@@ -62,8 +62,7 @@ struct TileOrder {
   // blocks are odd, pairs that cross heads (a middle tile with a last one) land unevenly:
   // D = 64's 192-row tiles at S = 8k, 43 a head, leave the SMs 8.4% of the time idle by the
   // key blocks' count, the tail 1.0% (tests/cpp/test_capi.cpp counts the training table's
-  // shapes).  The kernel takes it at D = 64's 192-row tiles without a score mod
-  // (FwdSm90Traits::kSortedTail).
+  // shapes).  The kernel takes it at D = 64's 192-row tiles (FwdSm90Traits::kSortedTail).
   template <bool kSorted = false, class F>
   FMHA_HOST_DEVICE void for_each(uint32_t cta, uint32_t ctas, F&& f) const {
     if constexpr (!kSorted) {
