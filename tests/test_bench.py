@@ -2,9 +2,11 @@
 warning when the measured matmul ceiling was beaten, the CPU note, and a tiny CPU run
 end to end (the timings themselves are not tested: speed is shown by runs, not tests)."""
 
+import io
 import json
 import pathlib
 import re
+import sys
 
 import pytest
 import torch
@@ -34,6 +36,20 @@ def test_commit_falls_back_to_the_build(monkeypatch):
     assert bench._commit() == _build_info.COMMIT
     monkeypatch.setenv("FMHA_BENCH_COMMIT", "abc1234")
     assert bench._commit() == "abc1234"
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    # A redirected run (tools/bench_tables.sh's terminal.txt) gets no bars; a terminal does.
+    pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert list(bench._progress(range(3), "shapes")) == [0, 1, 2]
+        assert ("shapes" in stream.getvalue()) == drawn, stream.getvalue()
 
 
 def test_ceiling_note():

@@ -30,10 +30,12 @@ _OOM = getattr(torch, "OutOfMemoryError", RuntimeError)  # torch.OutOfMemoryErro
 
 
 def _progress(items, desc):
+    """A progress bar where stderr is a terminal; none where it is redirected, so that a
+    run's log (a results folder's terminal.txt) holds only the tables."""
     try:
         from tqdm import tqdm
 
-        return tqdm(items, desc=desc, leave=False, file=sys.stderr)
+        return tqdm(items, desc=desc, leave=False, file=sys.stderr, disable=None)  # None: off unless a tty
     except ImportError:
         return items
 
