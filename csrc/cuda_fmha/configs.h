@@ -112,20 +112,24 @@ using FwdSm90PagedConfig = FwdSm90Traits<T, D, FwdSm90Tile<D>::kM, FwdSm90Tile<D
 // docs/tuning.md): at D = 64 256 keys, +8-9% at S = 512-1k and +12-17% from 2k unmasked,
 // under a causal mask 2-7% slower at 512-1k and +4-16% from 2k (192 keys: 1-5 points
 // behind 256 everywhere); at D = 128 192 keys, level at 2-4k, +3-6% at 8-16k, 8-12% slower
-// at 512-1k (256 keys spill 144 B and ran 0.86-1.01x).
+// at 512-1k (256 keys spill 144 B and ran 0.86-1.01x).  K/V rings of two stages, three at
+// D = 64 (one H100, kernel and pass against two, O bitwise equal: S = 512 1.08-1.09x, causal
+// 1k 1.04x, from 2k 1.00-1.02x, with softcap level; four 0.99-1.05x against two; three at
+// D = 128 0.98-1.03x, mean 1.00; D = 256 has no room for a third).
 template <int D>
 struct FwdSm90Fp8Tile {
-  static constexpr int kM = 128, kN = 128, kNLong = kN, kLongKeys = 0;
+  static constexpr int kM = 128, kN = 128, kNLong = kN, kLongKeys = 0, kStages = 2;
 };
 template <> struct FwdSm90Fp8Tile<64> {
-  static constexpr int kM = 128, kN = 128, kNLong = 256, kLongKeys = 1024;
+  static constexpr int kM = 128, kN = 128, kNLong = 256, kLongKeys = 1024, kStages = 3;
 };
 template <> struct FwdSm90Fp8Tile<128> {
-  static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 4096;
+  static constexpr int kM = 128, kN = 128, kNLong = 192, kLongKeys = 4096, kStages = 2;
 };
 template <int D, bool kScoreMod, bool kLong = false>
-using FwdSm90Fp8Config = FwdSm90Traits<__nv_fp8_e4m3, D, FwdSm90Fp8Tile<D>::kM,
-                                       kLong ? FwdSm90Fp8Tile<D>::kNLong : FwdSm90Fp8Tile<D>::kN, 2, kScoreMod>;
+using FwdSm90Fp8Config =
+    FwdSm90Traits<__nv_fp8_e4m3, D, FwdSm90Fp8Tile<D>::kM, kLong ? FwdSm90Fp8Tile<D>::kNLong : FwdSm90Fp8Tile<D>::kN,
+                  FwdSm90Fp8Tile<D>::kStages, kScoreMod>;
 static_assert(FwdSm90Config<__half, 256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Fp8Config<256, true>::kSmemBytes <= 232448 &&
                   FwdSm90Fp8Config<128, true, true>::kSmemBytes <= 232448 &&

@@ -12,7 +12,7 @@
 // -DTUNE_CHECKSUM adds a line per shape with a hash of O's bits (after the timed runs), so
 // that two trees whose kernels must compute the same values can be compared bitwise.
 // -DTUNE_SOFTCAP=<v> (with -DTUNE_DISPATCHED) gives the problems that softcap and times the
-// score-mod instances the library dispatches for it.
+// score-mod instances the library dispatches for it (with -DTUNE_FP8 too).
 // -DTUNE_FP8 times the fp8 (e4m3) forward instead, as a call runs it: the V^T pass
 // (fp8_v_transpose; add csrc/cuda_fmha/fwd_fp8.cu to the build) and the kernel together,
 // its candidates 128- and 192-key blocks at D = 64/128.
@@ -89,17 +89,17 @@ void fwd(const char* name, const TrainShape& s, Buffers& buf) {
 // The tile dispatch.cu picks for s (tile_keys: seqlen_k, half of it under a mask).
 template <int D>
 void dispatched(const char* tag, const TrainShape& s, Buffers& buf) {
-#if defined(TUNE_FP8)
-  if (FwdSm90Fp8Tile<D>::kNLong != FwdSm90Fp8Tile<D>::kN && (s.causal ? s.S / 2 : s.S) >= FwdSm90Fp8Tile<D>::kLongKeys)
-    fwd<FwdSm90Fp8Config<D, false, true>>(tag, s, buf);
-  else
-    fwd<FwdSm90Fp8Config<D, false>>(tag, s, buf);
-#else
 #if defined(TUNE_SOFTCAP)
   constexpr bool kScoreMod = true;  // the instances dispatch.cu picks for softcap (or ALiBi)
 #else
   constexpr bool kScoreMod = false;
 #endif
+#if defined(TUNE_FP8)
+  if (FwdSm90Fp8Tile<D>::kNLong != FwdSm90Fp8Tile<D>::kN && (s.causal ? s.S / 2 : s.S) >= FwdSm90Fp8Tile<D>::kLongKeys)
+    fwd<FwdSm90Fp8Config<D, kScoreMod, true>>(tag, s, buf);
+  else
+    fwd<FwdSm90Fp8Config<D, kScoreMod>>(tag, s, buf);
+#else
   if (kFwdSm90HasLong<D> && (s.causal ? s.S / 2 : s.S) >= FwdSm90Tile<D>::kLongKeys)
     fwd<FwdSm90Config<T, D, kScoreMod, true>>(tag, s, buf);
   else
