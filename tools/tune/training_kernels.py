@@ -6,8 +6,8 @@ difference of the two modes), then the same back-to-back forward + backward call
 under torch.profiler: each kernel's mean device time per call, their sum ("busy") and the
 span from the first kernel's start to the last one's end per call.  Span minus busy is the
 device's idle time between kernels (launch gaps, host stalls); with the timed figure it tells
-the kernels' own cost from what lies around them.  A single profiled call is not a measure:
-back to back, the clocks and the caches are those of the timed run.
+the kernels' own cost from what lies around them.  (The profile covers calls like the timed
+ones, back to back, rather than one call alone.)
 
     python tools/tune/training_kernels.py fmha|fa4 [--dims 128,64] [--seqlens 4096,8192,16384]
                                                    [--calls 20]
